@@ -1,0 +1,1 @@
+"""shadowsync: TorchRec DLRM training with background synchronization of dense replicas."""

@@ -1,0 +1,82 @@
+"""The data interface every data set implements, and the registry configs choose from.
+
+All data sets yield TorchRec's :class:`~torchrec.datasets.utils.Batch` (dense features,
+a :class:`~torchrec.sparse.jagged_tensor.KeyedJaggedTensor`, labels), so the model,
+the train pipeline and the metrics never depend on where examples come from.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from torchrec.datasets.utils import Batch
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """The schema a model is built from: feature names and one table size per sparse feature."""
+
+    dense_names: list[str]
+    sparse_names: list[str]
+    num_embeddings: list[int]
+
+    def __post_init__(self) -> None:
+        if len(self.sparse_names) != len(self.num_embeddings):
+            raise ValueError("DataSpec needs one table size per sparse feature")
+
+
+class RecDataset(abc.ABC):
+    """A source of CTR batches with disjoint per-rank shares.
+
+    ``train_batches`` and ``eval_batches`` are independent passes; each rank reads its own
+    share, and the shares of all ranks together cover the split exactly once.
+    """
+
+    spec: DataSpec
+
+    @abc.abstractmethod
+    def train_batches(
+        self, batch_size: int, rank: int, world_size: int, epoch: int = 0
+    ) -> Iterator[Batch]: ...
+
+    @abc.abstractmethod
+    def eval_batches(self, batch_size: int, rank: int, world_size: int) -> Iterator[Batch]: ...
+
+    def describe(self) -> str:
+        s = self.spec
+        return (
+            f"{type(self).__name__}: {len(s.dense_names)} dense, {len(s.sparse_names)} sparse "
+            f"features, {sum(s.num_embeddings):,} embedding rows"
+        )
+
+
+_REGISTRY: dict[str, Callable[..., RecDataset]] = {}
+
+
+def register_dataset(name: str) -> Callable[[Callable[..., RecDataset]], Callable[..., RecDataset]]:
+    """Makes a data set selectable by ``name`` in configs (``data.name``)."""
+
+    def deco(factory: Callable[..., RecDataset]) -> Callable[..., RecDataset]:
+        if name in _REGISTRY:
+            raise ValueError(f"data set {name!r} is registered twice")
+        _REGISTRY[name] = factory
+        return factory
+
+    return deco
+
+
+def build_dataset(name: str, **options: Any) -> RecDataset:
+    """Builds the registered data set ``name`` with its options (``data.options`` in configs)."""
+    if name not in _REGISTRY:
+        raise ValueError(f"data.name: unknown data set {name!r}; known: {sorted(_REGISTRY)}")
+    try:
+        return _REGISTRY[name](**options)
+    except TypeError as e:
+        raise ValueError(f"data.options for {name!r}: {e}") from e
+
+
+def registered_datasets() -> list[str]:
+    return sorted(_REGISTRY)

@@ -1,0 +1,309 @@
+"""DLRM and DLRM-DCNv2 over TorchRec's sharding-ready embedding modules.
+
+The dense path (bottom MLP, interaction, top MLP) is what ShadowSync keeps in step across
+replicas; the sparse path is an :class:`~torchrec.EmbeddingBagCollection` that TorchRec shards
+model-parallel. Module and parameter names follow ``torchrec.models.dlrm`` so a state dict
+moves between the two unchanged (``tests/test_models.py`` holds them to 1e-6).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import nn
+from torchrec.datasets.utils import Batch
+from torchrec.modules.crossnet import LowRankCrossNet
+from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.modules.mlp import MLP
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+
+@dataclass
+class DLRMConfig:
+    """Architecture of a DLRM; the data set supplies feature names and table sizes.
+
+    Args:
+        interaction: ``dot`` (DLRM, arXiv 1906.00091) or ``dcn`` (low-rank DCNv2 cross
+            layers, arXiv 2008.13535).
+        embedding_dim: width of every table; the bottom MLP's last layer must equal it.
+        dense_arch_layer_sizes: bottom MLP.
+        over_arch_layer_sizes: top MLP, ending in 1 logit.
+        dcn_num_layers / dcn_low_rank_dim: cross layers, only with ``interaction=dcn``.
+    """
+
+    interaction: Literal["dot", "dcn"] = "dot"
+    embedding_dim: int = 16
+    dense_arch_layer_sizes: list[int] = field(default_factory=lambda: [64, 16])
+    over_arch_layer_sizes: list[int] = field(default_factory=lambda: [64, 32, 1])
+    dcn_num_layers: int = 2
+    dcn_low_rank_dim: int = 8
+
+    def validate(self) -> None:
+        if self.interaction not in ("dot", "dcn"):
+            raise ValueError(f"model.interaction must be 'dot' or 'dcn', got {self.interaction!r}")
+        if self.embedding_dim <= 0:
+            raise ValueError(f"model.embedding_dim must be positive, got {self.embedding_dim}")
+        if not self.dense_arch_layer_sizes or self.dense_arch_layer_sizes[-1] != self.embedding_dim:
+            raise ValueError(
+                "model.dense_arch_layer_sizes must end in model.embedding_dim "
+                f"({self.embedding_dim}), got {self.dense_arch_layer_sizes}"
+            )
+        if len(self.over_arch_layer_sizes) < 2 or self.over_arch_layer_sizes[-1] != 1:
+            raise ValueError(
+                "model.over_arch_layer_sizes needs at least two layers ending in 1, "
+                f"got {self.over_arch_layer_sizes}"
+            )
+        if any(s <= 0 for s in self.dense_arch_layer_sizes + self.over_arch_layer_sizes):
+            raise ValueError("model layer sizes must be positive")
+        if self.interaction == "dcn" and (self.dcn_num_layers <= 0 or self.dcn_low_rank_dim <= 0):
+            raise ValueError("model.dcn_num_layers and model.dcn_low_rank_dim must be positive")
+
+    def embedding_bag_configs(
+        self, sparse_names: list[str], num_embeddings: list[int]
+    ) -> list[EmbeddingBagConfig]:
+        """One table per sparse feature, named ``t_<feature>``."""
+        if len(sparse_names) != len(num_embeddings):
+            raise ValueError("one table size per sparse feature is needed")
+        for name, n in zip(sparse_names, num_embeddings, strict=True):
+            if n <= 0:
+                raise ValueError(f"table size of sparse feature {name!r} must be positive, got {n}")
+        return [
+            EmbeddingBagConfig(
+                name=f"t_{name}",
+                embedding_dim=self.embedding_dim,
+                num_embeddings=n,
+                feature_names=[name],
+                pooling=PoolingType.SUM,
+            )
+            for name, n in zip(sparse_names, num_embeddings, strict=True)
+        ]
+
+
+class SparseArch(nn.Module):
+    """Pooled embedding lookups, returned as ``B x F x D`` in the order of the table configs.
+
+    A sharded collection may return its ``KeyedTensor`` in another key order, so features
+    are gathered by name, never by position.
+    """
+
+    def __init__(self, embedding_bag_collection: EmbeddingBagCollection) -> None:
+        super().__init__()
+        self.embedding_bag_collection = embedding_bag_collection
+        configs = embedding_bag_collection.embedding_bag_configs()
+        if not configs:
+            raise ValueError("DLRM needs at least one embedding table")
+        dims = {c.embedding_dim for c in configs}
+        if len(dims) != 1:
+            raise ValueError(f"all tables must share one embedding_dim, got {sorted(dims)}")
+        self.D: int = configs[0].embedding_dim
+        self.feature_names: list[str] = [f for c in configs for f in c.feature_names]
+        self.F: int = len(self.feature_names)
+
+    def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
+        pooled = self.embedding_bag_collection(features).to_dict()
+        return torch.cat([pooled[n] for n in self.feature_names], dim=1).reshape(-1, self.F, self.D)
+
+
+class DenseArch(nn.Module):
+    """Bottom MLP: projects the dense features into the embedding space."""
+
+    def __init__(
+        self, in_features: int, layer_sizes: list[int], device: torch.device | None = None
+    ) -> None:
+        super().__init__()
+        self.model = MLP(in_features, layer_sizes, bias=True, activation="relu", device=device)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.model(features)
+
+
+class DotInteraction(nn.Module):
+    """DLRM's interaction: the dense vector and every pairwise dot product of the F+1 vectors."""
+
+    def __init__(self, num_sparse_features: int) -> None:
+        super().__init__()
+        self.F = num_sparse_features
+        self.register_buffer(
+            "triu_indices", torch.triu_indices(self.F + 1, self.F + 1, offset=1), persistent=False
+        )
+
+    def output_size(self, embedding_dim: int) -> int:
+        return embedding_dim + (self.F + 1) * self.F // 2
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        combined = torch.cat((dense.unsqueeze(1), sparse), dim=1)
+        gram = torch.bmm(combined, combined.transpose(1, 2))
+        return torch.cat((dense, gram[:, self.triu_indices[0], self.triu_indices[1]]), dim=1)
+
+
+class CrossInteraction(nn.Module):
+    """DCNv2's interaction: low-rank cross layers over the concatenated F+1 vectors."""
+
+    def __init__(self, num_sparse_features: int, crossnet: nn.Module) -> None:
+        super().__init__()
+        self.F = num_sparse_features
+        self.crossnet = crossnet
+
+    def output_size(self, embedding_dim: int) -> int:
+        return (self.F + 1) * embedding_dim
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        combined = torch.cat((dense.unsqueeze(1), sparse), dim=1)
+        return self.crossnet(combined.reshape(dense.shape[0], -1))
+
+
+class OverArch(nn.Module):
+    """Top MLP; the last layer is linear (it produces the logit)."""
+
+    def __init__(
+        self, in_features: int, layer_sizes: list[int], device: torch.device | None = None
+    ) -> None:
+        super().__init__()
+        self.model = nn.Sequential(
+            MLP(in_features, layer_sizes[:-1], bias=True, activation="relu", device=device),
+            nn.Linear(layer_sizes[-2], layer_sizes[-1], bias=True, device=device),
+        )
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.model(features)
+
+
+class DLRM(nn.Module):
+    """Deep Learning Recommendation Model (Naumov et al., arXiv 1906.00091).
+
+    Args:
+        embedding_bag_collection: the tables (sharded by TorchRec later); all of one width.
+        dense_in_features: number of dense input features.
+        dense_arch_layer_sizes: bottom MLP, ending in the embedding width.
+        over_arch_layer_sizes: top MLP, ending in 1.
+        dense_device: where the dense layers live (``meta`` to defer allocation).
+
+    Example::
+
+        ebc = EmbeddingBagCollection(tables=cfg.embedding_bag_configs(names, sizes))
+        model = DLRM(ebc, dense_in_features=13, dense_arch_layer_sizes=[64, 16],
+                     over_arch_layer_sizes=[64, 1])
+        logits = model(batch.dense_features, batch.sparse_features)  # B x 1
+    """
+
+    def __init__(
+        self,
+        embedding_bag_collection: EmbeddingBagCollection,
+        dense_in_features: int,
+        dense_arch_layer_sizes: list[int],
+        over_arch_layer_sizes: list[int],
+        dense_device: torch.device | None = None,
+    ) -> None:
+        super().__init__()
+        self.sparse_arch = SparseArch(embedding_bag_collection)
+        if dense_arch_layer_sizes[-1] != self.sparse_arch.D:
+            raise ValueError(
+                f"the dense arch must end in the embedding width {self.sparse_arch.D}, "
+                f"got {dense_arch_layer_sizes}"
+            )
+        self.dense_arch = DenseArch(dense_in_features, dense_arch_layer_sizes, dense_device)
+        self.inter_arch: nn.Module = self._interaction(dense_device)
+        self.over_arch = OverArch(
+            self.inter_arch.output_size(self.sparse_arch.D), over_arch_layer_sizes, dense_device
+        )
+
+    def _interaction(self, device: torch.device | None) -> nn.Module:
+        return DotInteraction(self.sparse_arch.F)
+
+    def forward(
+        self, dense_features: torch.Tensor, sparse_features: KeyedJaggedTensor
+    ) -> torch.Tensor:
+        dense = self.dense_arch(dense_features)
+        sparse = self.sparse_arch(sparse_features)
+        return self.over_arch(self.inter_arch(dense, sparse))
+
+
+class DLRM_DCN(DLRM):  # noqa: N801 - the name users know from torchrec.models.dlrm
+    """DLRM with DCNv2 low-rank cross layers as interaction (Wang et al., arXiv 2008.13535).
+
+    Args:
+        dcn_num_layers: number of cross layers.
+        dcn_low_rank_dim: rank of each cross layer's weight.
+        (the rest as :class:`DLRM`)
+    """
+
+    def __init__(
+        self,
+        embedding_bag_collection: EmbeddingBagCollection,
+        dense_in_features: int,
+        dense_arch_layer_sizes: list[int],
+        over_arch_layer_sizes: list[int],
+        dcn_num_layers: int,
+        dcn_low_rank_dim: int,
+        dense_device: torch.device | None = None,
+    ) -> None:
+        self._dcn = (dcn_num_layers, dcn_low_rank_dim)
+        super().__init__(
+            embedding_bag_collection,
+            dense_in_features,
+            dense_arch_layer_sizes,
+            over_arch_layer_sizes,
+            dense_device,
+        )
+
+    def _interaction(self, device: torch.device | None) -> nn.Module:
+        num_layers, low_rank = self._dcn
+        crossnet = LowRankCrossNet(
+            in_features=(self.sparse_arch.F + 1) * self.sparse_arch.D,
+            num_layers=num_layers,
+            low_rank=low_rank,
+        )
+        return CrossInteraction(self.sparse_arch.F, crossnet.to(device) if device else crossnet)
+
+
+class DLRMTrain(nn.Module):
+    """Adds the loss, in the ``(loss, (loss, logits, labels))`` form TorchRec's pipelines expect."""
+
+    def __init__(self, model: DLRM) -> None:
+        super().__init__()
+        self.model = model
+        self.loss_fn = nn.BCEWithLogitsLoss()
+
+    def forward(
+        self, batch: Batch
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        logits = self.model(batch.dense_features, batch.sparse_features).squeeze(-1)
+        loss = self.loss_fn(logits, batch.labels.float())
+        return loss, (loss.detach(), logits.detach(), batch.labels.detach())
+
+
+def build_dlrm(
+    cfg: DLRMConfig,
+    dense_in_features: int,
+    sparse_names: list[str],
+    num_embeddings: list[int],
+    device: torch.device,
+) -> DLRMTrain:
+    """Builds the model zoo's DLRM (``dot``) or DLRM-DCN (``dcn``) on ``device`` (``meta`` is fine:
+    DistributedModelParallel materializes only the shards each rank owns)."""
+    cfg.validate()
+    ebc = EmbeddingBagCollection(
+        tables=cfg.embedding_bag_configs(sparse_names, num_embeddings), device=device
+    )
+    if cfg.interaction == "dcn":
+        model: DLRM = DLRM_DCN(
+            ebc,
+            dense_in_features,
+            cfg.dense_arch_layer_sizes,
+            cfg.over_arch_layer_sizes,
+            cfg.dcn_num_layers,
+            cfg.dcn_low_rank_dim,
+            dense_device=device,
+        )
+    else:
+        model = DLRM(
+            ebc,
+            dense_in_features,
+            cfg.dense_arch_layer_sizes,
+            cfg.over_arch_layer_sizes,
+            dense_device=device,
+        )
+    return DLRMTrain(model)
