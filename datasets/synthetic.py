@@ -122,7 +122,10 @@ class SyntheticCriteo(RecDataset):
             raise ValueError(f"batch size must be positive, got {batch_size}")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in a world of {world_size}")
-        for index in range(rank, self.num_examples[split] // batch_size, world_size):
+        # Whole rounds of world_size batches only, so every rank takes the same number of
+        # steps (the pipeline's all-to-alls run in lock-step); the remainder is never read.
+        num_batches = self.num_examples[split] // batch_size // world_size * world_size
+        for index in range(rank, num_batches, world_size):
             yield self._generate(split, index, batch_size)[0]
 
     def train_batches(
