@@ -1,0 +1,251 @@
+"""Typed run configuration: YAML presets plus dotted command-line overrides.
+
+Every setting lives in one dataclass tree, so an unknown key or a wrong type fails before any
+process group starts, with the dotted name of the offending setting::
+
+    python -m shadowsync.pipelines.train --config pipelines/configs/synthetic.yaml \\
+        sync.algorithm=ma sync.mode=shadow train.batch_size=4096
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from shadowsync.models.dlrm import DLRMConfig
+
+SyncAlgorithm = Literal["none", "ddp", "ma", "easgd", "bmuf"]
+ShardingType = Literal["table_wise", "column_wise", "table_column_wise", "data_parallel",
+                       "row_wise", "table_row_wise", "grid_shard"]
+ROW_WISE_FAMILY = ("row_wise", "table_row_wise", "grid_shard")
+PRESET_DIR = Path(__file__).parent / "configs"
+
+
+@dataclass
+class DataConfig:
+    """Which registered data set (``shadowsync.datasets``) and its options."""
+
+    name: str = "synthetic"
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ShardingConfig:
+    """Sharding types the planner may choose from (empty: all that the device supports)."""
+
+    types: list[ShardingType] = field(default_factory=list)
+    compute_kernel: Literal["fused", "dense", "auto"] = "auto"
+
+
+@dataclass
+class OptimConfig:
+    """Dense optimizer (stepped by the loop) and the embedding optimizer fused into backward."""
+
+    dense: Literal["adagrad", "adam", "sgd"] = "adagrad"
+    dense_lr: float = 0.02
+    sparse: Literal["rowwise_adagrad", "adagrad", "sgd"] = "rowwise_adagrad"
+    sparse_lr: float = 0.05
+    eps: float = 1e-8
+
+
+@dataclass
+class SyncConfig:
+    """How dense replicas are kept in step (``ddp`` and ``none`` are the baselines).
+
+    ``ma``, ``easgd`` and ``bmuf`` are ShadowSync strategies, run in the background
+    (``mode: shadow``) or blocking every ``period`` steps (``mode: fixed_rate``).
+    """
+
+    algorithm: SyncAlgorithm = "none"
+    mode: Literal["shadow", "fixed_rate"] = "shadow"
+    period: int = 1
+    alpha: float = 0.5
+    block_momentum: float | None = None
+    block_lr: float = 1.0
+    nesterov: bool = False
+    min_interval_s: float = 0.0
+    max_comm_share: float | None = None
+    final_sync: bool = True
+    timeout_s: float = 300.0
+
+
+@dataclass
+class TrainConfig:
+    batch_size: int = 512
+    steps: int | None = None
+    epochs: int = 1
+    seed: int = 0
+    log_every: int = 100
+
+
+@dataclass
+class EvalConfig:
+    batch_size: int = 4096
+    every_steps: int | None = None
+    max_batches: int | None = None
+
+
+@dataclass
+class RunConfig:
+    """The whole run; ``output_dir`` receives the resolved config and the metrics."""
+
+    model: DLRMConfig = field(default_factory=DLRMConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    sharding: ShardingConfig = field(default_factory=ShardingConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    output_dir: str | None = None
+
+    def validate(self) -> None:
+        """Checks that need several fields at once; types were checked while building."""
+        self.model.validate()
+        positive = {
+            "train.batch_size": self.train.batch_size,
+            "train.epochs": self.train.epochs,
+            "train.log_every": self.train.log_every,
+            "eval.batch_size": self.eval.batch_size,
+            "sync.period": self.sync.period,
+        }
+        optional_positive = {
+            "train.steps": self.train.steps,
+            "eval.every_steps": self.eval.every_steps,
+            "eval.max_batches": self.eval.max_batches,
+        }
+        for key, value in {**positive, **optional_positive}.items():
+            if value is not None and value <= 0:
+                raise ValueError(f"{key} must be positive, got {value}")
+        for key, value in {
+            "optim.dense_lr": self.optim.dense_lr,
+            "optim.sparse_lr": self.optim.sparse_lr,
+            "sync.timeout_s": self.sync.timeout_s,
+        }.items():
+            if value <= 0:
+                raise ValueError(f"{key} must be positive, got {value}")
+        s = self.sync
+        if not 0 < s.alpha <= 1:
+            raise ValueError(f"sync.alpha must be in (0, 1], got {s.alpha}")
+        if s.block_momentum is not None and not 0 <= s.block_momentum < 1:
+            raise ValueError(f"sync.block_momentum must be in [0, 1), got {s.block_momentum}")
+        if s.max_comm_share is not None and not 0 < s.max_comm_share <= 1:
+            raise ValueError(f"sync.max_comm_share must be in (0, 1], got {s.max_comm_share}")
+        if s.min_interval_s < 0:
+            raise ValueError(f"sync.min_interval_s must be >= 0, got {s.min_interval_s}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Checks ``value`` against the annotation ``tp`` (recursing into dataclasses and lists)."""
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ValueError(f"{key}: expected a mapping, got {value!r}")
+        return _build(tp, value, key)
+    if origin is Literal:
+        if value not in typing.get_args(tp):
+            raise ValueError(f"{key}: must be one of {list(typing.get_args(tp))}, got {value!r}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        for arm in typing.get_args(tp):
+            if arm is type(None):
+                if value is None:
+                    return None
+                continue
+            try:
+                return _coerce(value, arm, key)
+            except ValueError:
+                continue
+        raise ValueError(f"{key}: {value!r} does not fit {_type_name(tp)}")
+    if origin is list:
+        if not isinstance(value, list):
+            raise ValueError(f"{key}: expected a list, got {value!r}")
+        (item,) = typing.get_args(tp)
+        return [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ValueError(f"{key}: expected a mapping, got {value!r}")
+        return dict(value)
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp is Any:
+        return value
+    if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
+        raise ValueError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+    return value
+
+
+def _build(cls: type, raw: dict[str, Any], prefix: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - names)
+    if unknown:
+        where = f"{prefix}." if prefix else ""
+        raise ValueError(
+            f"unknown setting {where}{unknown[0]}; known under {prefix or 'the top level'}: "
+            f"{sorted(names)}"
+        )
+    kwargs = {
+        k: _coerce(v, hints[k], f"{prefix}.{k}" if prefix else k) for k, v in raw.items()
+    }
+    return cls(**kwargs)
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    node = tree
+    for p in parents:
+        child = node.setdefault(p, {})
+        if not isinstance(child, dict):
+            raise ValueError(f"override {dotted}: {p} is not a section")
+        node = child
+    node[leaf] = value
+
+
+def resolve_preset(path: str | Path) -> Path:
+    """A YAML file, or the name of a preset in ``pipelines/configs`` (``synthetic``)."""
+    candidate = Path(path)
+    if candidate.is_file():
+        return candidate
+    preset = PRESET_DIR / f"{path}.yaml"
+    if preset.is_file():
+        return preset
+    known = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+    raise ValueError(f"config {str(path)!r}: no such file and no such preset (presets: {known})")
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Reads a YAML file or preset (``yaml.safe_load``), applies ``key.sub=value`` overrides
+    (values parsed as YAML: ``4096``, ``null``, ``[a, b]``) and validates the result."""
+    tree: dict[str, Any] = {}
+    if path is not None:
+        path = resolve_preset(path)
+        text = path.read_text()
+        loaded = yaml.safe_load(text)
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ValueError(f"{path}: the top level must be a mapping")
+        tree = loaded or {}
+    for item in overrides or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"override {item!r}: expected key.sub=value")
+        _set_dotted(tree, key.strip(), yaml.safe_load(raw) if raw.strip() else "")
+    cfg = _build(RunConfig, tree, "")
+    cfg.validate()
+    return cfg
+
+
+def save_config(cfg: RunConfig, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))

@@ -1,0 +1,83 @@
+"""Dense-replica wrappers for TorchRec's ``DistributedModelParallel``.
+
+TorchRec shards the embedding tables model-parallel and hands every parameter it did not shard
+(the dense part, and tables sharded ``data_parallel``) to a ``DataParallelWrapper``. The wrappers
+here are that seam: :class:`LocalReplicas` leaves each rank its own replica (the ``none``
+baseline), :class:`DDPReplicas` is TorchRec's default DDP (the ``ddp`` baseline), and the
+ShadowSync wrapper adds a background synchronizer on top of :class:`LocalReplicas`. The training
+loop talks to all of them through the same small hooks (``after_step``, ``finish``, ``stats``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torchrec.distributed.model_parallel import (
+    DataParallelWrapper,
+    DefaultDataParallelWrapper,
+    DistributedModelParallel,
+    get_unwrapped_module,
+)
+from torchrec.distributed.types import ShardingEnv
+
+
+def dense_parameters(dmp: nn.Module) -> dict[str, nn.Parameter]:
+    """Every parameter TorchRec did not shard, by name in the unwrapped module.
+
+    Tables sharded ``data_parallel`` report no sharded names, so they land here too: they are
+    replicated like the MLPs, and their weights only move when the dense optimizer steps them.
+    """
+    module = get_unwrapped_module(dmp)
+    sharded = set(DistributedModelParallel._sharded_parameter_names(module))
+    return {n: p for n, p in module.named_parameters() if n not in sharded and p.requires_grad}
+
+
+class ReplicaHooks:
+    """What the training loop calls on every wrapper; the baselines do nothing here."""
+
+    def after_step(self) -> None:
+        """Called between steps (after the optimizer step, before the next forward)."""
+
+    def pause(self) -> None:
+        """Called before evaluation or checkpointing: replicas must hold still."""
+
+    def resume(self) -> None:
+        """Called after :meth:`pause`."""
+
+    def finish(self) -> None:
+        """Called once at the end of training, on every rank."""
+
+    def stats(self) -> dict[str, float]:
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        del state
+
+
+class LocalReplicas(DataParallelWrapper, ReplicaHooks):
+    """Each rank keeps its own dense replica; they start identical by one broadcast from rank 0.
+
+    The module is left unwrapped (no DDP), so tracing by TorchRec's train pipeline and
+    ``state_dict`` keep working, and nothing couples the ranks' backward passes.
+    """
+
+    def __init__(self) -> None:
+        self.params: dict[str, nn.Parameter] = {}
+        self.group: dist.ProcessGroup | None = None
+
+    def wrap(self, dmp: DistributedModelParallel, env: ShardingEnv, device: torch.device) -> None:
+        self.params = dense_parameters(dmp)
+        self.group = env.process_group
+        with torch.no_grad():
+            for p in self.params.values():
+                dist.broadcast(p.data, src=0, group=self.group)
+
+
+class DDPReplicas(DefaultDataParallelWrapper, ReplicaHooks):
+    """TorchRec's default: DDP allreduces dense gradients inside every backward pass."""
