@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torchrec.datasets.utils import Batch
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
@@ -38,7 +39,13 @@ from shadowsync.datasets import DataSpec, RecDataset, build_dataset
 from shadowsync.models import build_dlrm
 from shadowsync.pipelines.config import ROW_WISE_FAMILY, RunConfig, load_config, save_config
 from shadowsync.pipelines.metrics import gather_metrics
-from shadowsync.sync.wrapper import DDPReplicas, LocalReplicas, ReplicaHooks, dense_parameters
+from shadowsync.sync.wrapper import (
+    DDPReplicas,
+    LocalReplicas,
+    ReplicaHooks,
+    data_parallel_table_parameters,
+    dense_parameters,
+)
 
 logger = logging.getLogger("shadowsync.train")
 
@@ -159,15 +166,27 @@ def build_sharded_model(
     return dmp, plan
 
 
+def _keyed(
+    params: dict[str, nn.Parameter], cls: type[torch.optim.Optimizer], lr: float, eps: float
+) -> KeyedOptimizerWrapper:
+    kwargs: dict[str, Any] = {"lr": lr} if cls is torch.optim.SGD else {"lr": lr, "eps": eps}
+    return KeyedOptimizerWrapper(params, lambda ps: cls(ps, **kwargs))
+
+
 def build_optimizer(cfg: RunConfig, dmp: DistributedModelParallel) -> CombinedOptimizer:
-    """The fused embedding optimizer (already applied in backward) plus the dense optimizer."""
-    dense = dense_parameters(dmp)
-    kwargs: dict[str, Any] = {"lr": cfg.optim.dense_lr}
-    if cfg.optim.dense != "sgd":
-        kwargs["eps"] = cfg.optim.eps
-    cls = _DENSE_OPTIMIZERS[cfg.optim.dense]
-    dense_opt = KeyedOptimizerWrapper(dense, lambda params: cls(params, **kwargs))
-    return CombinedOptimizer([("sparse", dmp.fused_optimizer), ("dense", dense_opt)])
+    """The fused embedding optimizer (applied in backward), the dense optimizer, and the
+    embedding optimizer again, unfused, for tables sharded ``data_parallel``."""
+    o = cfg.optim
+    parts: list[tuple[str, Any]] = [
+        ("sparse", dmp.fused_optimizer),
+        ("dense", _keyed(dense_parameters(dmp), _DENSE_OPTIMIZERS[o.dense], o.dense_lr, o.eps)),
+    ]
+    dp_tables = data_parallel_table_parameters(dmp)
+    if dp_tables:
+        parts.append(
+            ("dp_tables", _keyed(dp_tables, _SPARSE_OPTIMIZERS[o.sparse], o.sparse_lr, o.eps))
+        )
+    return CombinedOptimizer(parts)
 
 
 def plan_ranks(plan: ShardingPlan) -> dict[str, set[int]]:

@@ -25,14 +25,32 @@ from torchrec.distributed.types import ShardingEnv
 
 
 def dense_parameters(dmp: nn.Module) -> dict[str, nn.Parameter]:
-    """Every parameter TorchRec did not shard, by name in the unwrapped module.
-
-    Tables sharded ``data_parallel`` report no sharded names, so they land here too: they are
-    replicated like the MLPs, and their weights only move when the dense optimizer steps them.
-    """
+    """Every parameter TorchRec did not shard (the dense replica), by name in the unwrapped
+    module. Tables sharded ``data_parallel`` are not among them: see
+    :func:`data_parallel_table_parameters`."""
     module = get_unwrapped_module(dmp)
     sharded = set(DistributedModelParallel._sharded_parameter_names(module))
     return {n: p for n, p in module.named_parameters() if n not in sharded and p.requires_grad}
+
+
+def data_parallel_table_parameters(dmp: DistributedModelParallel) -> dict[str, nn.Parameter]:
+    """Weights of the tables the plan shards ``data_parallel``.
+
+    TorchRec 1.8 counts them as sharded and wraps their lookup in its own DDP, so their
+    gradients are allreduced inside backward and the replicas stay identical whatever the dense
+    wrapper does; but no fused optimizer steps them (``apply_optimizer_in_backward`` does not
+    reach them), so without an explicit optimizer they never train.
+    """
+    params = dict(get_unwrapped_module(dmp).named_parameters())
+    out = {}
+    for path, module_plan in dmp.plan.plan.items():
+        for table, ps in module_plan.items():  # type: ignore[union-attr]
+            if ps.sharding_type == "data_parallel":
+                name = f"{path}.embedding_bags.{table}.weight"
+                if name not in params:
+                    raise RuntimeError(f"data-parallel table {table}: no parameter {name}")
+                out[name] = params[name]
+    return out
 
 
 class ReplicaHooks:
