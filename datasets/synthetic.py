@@ -10,9 +10,14 @@ global batches ``r, r + W, r + 2W, ...`` (disjoint shares that together cover th
 
 from __future__ import annotations
 
+import gzip
 from collections.abc import Iterator
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import torch
+from pyarrow import csv as pa_csv
 from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
@@ -156,3 +161,81 @@ class SyntheticCriteo(RecDataset):
 @register_dataset("synthetic")
 def _synthetic(**options: object) -> SyntheticCriteo:
     return SyntheticCriteo(**options)  # type: ignore[arg-type]
+
+
+_BAD_ROWS = (
+    b"1\t2\t3",  # too few fields
+    b"0" + b"\tx" + b"\t1" * 12 + b"\t0a1b2c3d" * 26,  # non-integer dense value
+    b"1" + b"\t1" * 13 + b"\tnothex!!" + b"\t0a1b2c3d" * 25,  # non-hex id
+)
+_HEX_DIGITS = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
+
+
+def _hex8(values: np.ndarray) -> pa.Array:
+    """uint32 values as 8-digit lowercase hex strings, vectorized."""
+    shifts = np.arange(28, -4, -4, dtype=np.uint64)
+    digits = _HEX_DIGITS[(values.astype(np.uint64)[:, None] >> shifts) & 0xF]
+    return pa.array(np.ascontiguousarray(digits).view("S8").reshape(-1)).cast(pa.string())
+
+
+def write_criteo_tsv(
+    ds: SyntheticCriteo,
+    path: str,
+    num_rows: int,
+    split: str = "train",
+    missing: float = 0.0,
+    bad_row_every: int = 0,
+    chunk_rows: int = 65_536,
+) -> int:
+    """Writes ``num_rows`` of ``ds`` as a Criteo TSV file (gzip if ``path`` ends in ``.gz``).
+
+    Why: tests and benchmarks need real-format files of any size. Dense value ``x`` is written
+    as ``round(expm1(max(x + 3, 0)))``, which the parser's ``log1p`` maps back to ~``x + 3``; id
+    ``i`` of a table of size ``n`` as the 8-hex-digit ``i + n * k`` with a random ``k``, so
+    the parser with the same ``num_embeddings`` recovers ``i``. A ``missing`` fraction of the
+    dense and sparse fields is left empty. Every ``bad_row_every``-th line (1-based) is replaced
+    by a malformed one (cycling through three kinds). Returns the number of bad lines written.
+    """
+    if num_rows <= 0:
+        raise ValueError(f"num_rows must be positive, got {num_rows}")
+    if any(h != 1 for h in ds.multi_hot):
+        raise ValueError("Criteo rows are one-hot: build the data set with multi_hot=1")
+    if not 0.0 <= missing < 1.0:
+        raise ValueError(f"missing must be in [0, 1), got {missing}")
+    rng = np.random.default_rng(ds.seed)
+    sizes = np.asarray(ds.spec.num_embeddings, dtype=np.int64)
+    opener = gzip.open if path.endswith(".gz") else open
+    bad_written, written = 0, 0
+    with opener(path, "wb") as out:
+        for index in range(-(-num_rows // chunk_rows)):
+            n = min(chunk_rows, num_rows - written)
+            batch = ds._generate(split, index, chunk_rows)[0]
+            dense = batch.dense_features[:n].numpy()
+            raw_dense = np.round(np.expm1(np.maximum(dense + 3.0, 0.0)))
+            ids = batch.sparse_features.values().numpy().reshape(NUM_SPARSE, chunk_rows)[:, :n]
+            spread = rng.integers(0, ((2**32 - sizes) // sizes)[:, None], size=(NUM_SPARSE, n))
+            columns = [pa.array(batch.labels[:n].numpy().astype(np.int64))]
+            for j in range(NUM_DENSE):
+                blank = rng.random(n) < missing
+                columns.append(pa.array(raw_dense[:, j].astype(np.int64), mask=blank))
+            for f in range(NUM_SPARSE):
+                hexes = _hex8(ids[f] + sizes[f] * spread[f])
+                blank = pa.array(rng.random(n) < missing)
+                columns.append(pc.if_else(blank, pa.scalar(None, pa.string()), hexes))
+            table = pa.table(columns, names=[str(i) for i in range(len(columns))])
+            sink = pa.BufferOutputStream()
+            pa_csv.write_csv(
+                table,
+                sink,
+                pa_csv.WriteOptions(include_header=False, delimiter="\t", quoting_style="none"),
+            )
+            text = sink.getvalue().to_pybytes()
+            if bad_row_every:
+                lines = text.split(b"\n")
+                for i in range((-written - 1) % bad_row_every, n, bad_row_every):
+                    lines[i] = _BAD_ROWS[bad_written % len(_BAD_ROWS)]
+                    bad_written += 1
+                text = b"\n".join(lines)
+            out.write(text)
+            written += n
+    return bad_written
