@@ -1,4 +1,7 @@
-"""Input layer: every data set yields TorchRec ``Batch`` objects and registers under a name."""
+"""Input layer: every data set yields TorchRec ``Batch`` objects and registers under a name.
+
+Registered: ``synthetic``, ``criteo_tsv``, ``criteo_npy``, ``movielens_1m``.
+"""
 
 from shadowsync.datasets.base import (
     DataSpec,
@@ -7,13 +10,21 @@ from shadowsync.datasets.base import (
     register_dataset,
     registered_datasets,
 )
-from shadowsync.datasets.synthetic import SyntheticCriteo
+from shadowsync.datasets.criteo_npy import CriteoNpy
+from shadowsync.datasets.criteo_tsv import CriteoFormatError, CriteoTSV
+from shadowsync.datasets.movielens import MovieLens1M
+from shadowsync.datasets.synthetic import SyntheticCriteo, write_criteo_tsv
 
 __all__ = [
+    "CriteoFormatError",
+    "CriteoNpy",
+    "CriteoTSV",
     "DataSpec",
+    "MovieLens1M",
     "RecDataset",
     "SyntheticCriteo",
     "build_dataset",
     "register_dataset",
     "registered_datasets",
+    "write_criteo_tsv",
 ]

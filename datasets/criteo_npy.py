@@ -1,0 +1,160 @@
+"""Criteo in TorchRec's per-day ``.npy`` layout, memory-mapped (nothing is loaded whole).
+
+Splits follow TorchRec's ``InMemoryBinaryCriteoIterDataPipe``: every day but the last is
+training; the last day is cut in halves, the first ``ceil(n / 2)`` rows ``val`` and the rest
+``test`` (``eval_stage`` picks which one :meth:`eval_batches` reads). Batches are windows of
+consecutive rows dealt to ranks round-robin (:func:`~shadowsync.datasets.batching.window_starts`);
+``shuffle`` permutes the windows per ``(seed, epoch)``.
+
+Files written by ``python -m shadowsync.datasets.criteo_preprocess`` carry ``meta.json`` with
+their table sizes. Files made by TorchRec's own ``npy_preproc_criteo`` (raw int64 ids) work too
+when ``num_embeddings`` is given: ids are always taken modulo the table sizes on load.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+from torchrec.datasets.utils import Batch
+
+from shadowsync.datasets.base import register_dataset
+from shadowsync.datasets.batching import WindowedDataset, make_batch
+from shadowsync.datasets.criteo_preprocess import META_FILE, npy_paths
+from shadowsync.datasets.criteo_tsv import criteo_spec, hash_ids, natural_key
+
+
+@dataclass(frozen=True)
+class _Segment:
+    """Rows ``[lo, hi)`` of one day, placed at row ``start`` of a split."""
+
+    arrays: tuple[np.ndarray, np.ndarray, np.ndarray]  # dense, sparse, labels
+    lo: int
+    hi: int
+    start: int
+
+
+class CriteoNpy(WindowedDataset):
+    """Criteo days as ``day_N_{dense,sparse,labels}.npy`` (13 dense, 26 sparse features).
+
+    Args:
+        directory: where the ``.npy`` files are.
+        days: day names in order (``["day_0", "day_1"]``); default: every ``*_dense.npy``
+            in ``directory``, in natural order. At least two (training days + the eval day).
+        num_embeddings: table sizes (one int or 26); default: those in ``meta.json``, which
+            a different value may not contradict.
+        eval_stage: ``val`` (first half of the last day, default) or ``test`` (second half).
+        shuffle: permute batch windows every epoch (training only), seeded by ``seed``.
+    """
+
+    name = "criteo_npy"
+
+    def __init__(
+        self,
+        directory: str,
+        days: list[str] | None = None,
+        num_embeddings: int | list[int] | None = None,
+        eval_stage: str = "val",
+        shuffle: bool = False,
+        seed: int = 0,
+    ) -> None:
+        if eval_stage not in ("val", "test"):
+            raise ValueError(f"data.options.eval_stage must be 'val' or 'test', got {eval_stage!r}")
+        if not os.path.isdir(directory):
+            raise FileNotFoundError(f"data.options.directory: {directory}: no such directory")
+        meta_path = os.path.join(directory, META_FILE)
+        stored = None
+        if os.path.exists(meta_path):
+            with open(meta_path) as f:
+                stored = json.load(f)["num_embeddings"]
+        if num_embeddings is None and stored is None:
+            raise ValueError(
+                f"data.options.num_embeddings is needed: {directory} has no {META_FILE}"
+            )
+        self.spec = criteo_spec(stored if num_embeddings is None else num_embeddings)
+        if stored is not None and self.spec.num_embeddings != criteo_spec(stored).num_embeddings:
+            raise ValueError(
+                f"data.options.num_embeddings contradicts {meta_path} (ids were reduced modulo "
+                "those sizes); rerun criteo_preprocess with --num-embeddings to change them"
+            )
+        if days is None:
+            days = sorted(
+                (
+                    f.removesuffix("_dense.npy")
+                    for f in os.listdir(directory)
+                    if f.endswith("_dense.npy")
+                ),
+                key=natural_key,
+            )
+        if len(days) < 2:
+            raise ValueError(
+                f"data.options.days: need at least 2 days (training + eval) in {directory}, "
+                f"got {days}"
+            )
+        arrays = [self._open(directory, day) for day in days]
+        last = len(arrays[-1][0])
+        half = (last + 1) // 2
+        self._splits = {
+            "train": _segments([(a, 0, len(a[0])) for a in arrays[:-1]]),
+            "eval": _segments(
+                [(arrays[-1], 0, half) if eval_stage == "val" else (arrays[-1], half, last)]
+            ),
+        }
+        self._sizes = np.asarray(self.spec.num_embeddings, dtype=np.int64)
+        self.shuffle = shuffle
+        self.seed = seed
+        self.stats: dict[str, Counter[str]] = {"train": Counter(), "eval": Counter()}
+
+    @staticmethod
+    def _open(directory: str, day: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        arrays = []
+        for path in npy_paths(directory, day):
+            try:
+                arrays.append(np.load(path, mmap_mode="r"))
+            except (OSError, ValueError) as e:
+                raise OSError(f"{path}: cannot read as .npy: {e}") from e
+        dense, sparse, labels = arrays
+        rows = {len(dense), len(sparse), len(labels)}
+        if len(rows) != 1 or dense.shape[1:] != (13,) or sparse.shape[1:] != (26,):
+            raise ValueError(
+                f"{directory}/{day}_*.npy: expected dense [n, 13], sparse [n, 26], labels [n, 1]; "
+                f"got {dense.shape}, {sparse.shape}, {labels.shape}"
+            )
+        return dense, sparse, labels
+
+    def num_rows(self, split: str) -> int:
+        last = self._splits[split][-1]
+        return last.start + last.hi - last.lo
+
+    def _rows(self, split: str, start: int, stop: int) -> list[np.ndarray]:
+        """Dense, sparse and labels of split rows ``[start, stop)`` (may span days)."""
+        parts: list[list[np.ndarray]] = [[], [], []]
+        for seg in self._splits[split]:
+            lo, hi = max(start - seg.start, 0), min(stop - seg.start, seg.hi - seg.lo)
+            if lo < hi:
+                for part, arr in zip(parts, seg.arrays, strict=True):
+                    part.append(arr[seg.lo + lo : seg.lo + hi])
+        return [np.concatenate(p) for p in parts]  # a copy: batches never alias the maps
+
+    def fetch(self, split: str, start: int, stop: int) -> Batch:
+        dense, sparse, labels = self._rows(split, start, stop)
+        ids = hash_ids(sparse.astype(np.int64), self._sizes)
+        return make_batch(dense, labels, self.spec.sparse_names, ids)
+
+
+def _segments(
+    parts: list[tuple[tuple[np.ndarray, np.ndarray, np.ndarray], int, int]],
+) -> list[_Segment]:
+    segments, start = [], 0
+    for arrays, lo, hi in parts:
+        segments.append(_Segment(arrays, lo, hi, start))
+        start += hi - lo
+    return segments
+
+
+@register_dataset("criteo_npy")
+def _criteo_npy(**options: object) -> CriteoNpy:
+    return CriteoNpy(**options)  # type: ignore[arg-type]
