@@ -37,10 +37,15 @@ class DataConfig:
 
 @dataclass
 class ShardingConfig:
-    """Sharding types the planner may choose from (empty: all that the device supports)."""
+    """Sharding types the planner may choose from (empty: all that the device supports).
+
+    ``min_partition`` is the narrowest column-wise shard (TorchRec's default is 128 columns, so
+    narrower tables are not split unless it is lowered).
+    """
 
     types: list[ShardingType] = field(default_factory=list)
     compute_kernel: Literal["fused", "dense", "auto"] = "auto"
+    min_partition: int | None = None
 
 
 @dataclass
@@ -118,6 +123,7 @@ class RunConfig:
             "train.steps": self.train.steps,
             "eval.every_steps": self.eval.every_steps,
             "eval.max_batches": self.eval.max_batches,
+            "sharding.min_partition": self.sharding.min_partition,
         }
         for key, value in {**positive, **optional_positive}.items():
             if value is not None and value <= 0:

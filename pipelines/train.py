@@ -79,7 +79,7 @@ def _free_port() -> int:
 
 def init_distributed(timeout_s: float) -> DistEnv:
     """Joins the job torchrun (or torchx) started; alone, starts a world of one on loopback."""
-    if "RANK" not in os.environ:
+    if "RANK" not in os.environ and not dist.is_initialized():
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -115,11 +115,13 @@ def _constraints(cfg: RunConfig, spec: DataSpec, device: torch.device) -> dict[s
                 f"GPUs); on CPU choose from {list(CPU_SHARDING_TYPES)}"
             )
         types = types or list(CPU_SHARDING_TYPES)
-    if not types and cfg.sharding.compute_kernel == "auto":
-        return {}
     kernels = None if cfg.sharding.compute_kernel == "auto" else [cfg.sharding.compute_kernel]
     return {
-        f"t_{name}": ParameterConstraints(sharding_types=types or None, compute_kernels=kernels)
+        f"t_{name}": ParameterConstraints(
+            sharding_types=types or None,
+            compute_kernels=kernels,
+            min_partition=cfg.sharding.min_partition,
+        )
         for name in spec.sparse_names
     }
 
@@ -189,17 +191,13 @@ def build_optimizer(cfg: RunConfig, dmp: DistributedModelParallel) -> CombinedOp
     return CombinedOptimizer(parts)
 
 
-def plan_ranks(plan: ShardingPlan) -> dict[str, set[int]]:
-    """Which ranks hold a shard of each table (from the plan)."""
-    out: dict[str, set[int]] = {}
-    for module_plan in plan.plan.values():
-        for table, ps in module_plan.items():  # type: ignore[union-attr]
-            ranks = set(ps.ranks or [])
-            if ps.sharding_spec is not None:
-                ranks |= {int(str(s.placement).split("rank:")[1].split("/")[0])
-                          for s in ps.sharding_spec.shards}
-            out[table] = ranks
-    return out
+def plan_ranks(plan: ShardingPlan) -> dict[str, tuple[str, list[int]]]:
+    """Each table's sharding type and the ranks that hold it (from the plan)."""
+    return {
+        table: (ps.sharding_type, sorted(set(ps.ranks or [])))
+        for module_plan in plan.plan.values()
+        for table, ps in module_plan.items()  # type: ignore[union-attr]
+    }
 
 
 class Trainer:
