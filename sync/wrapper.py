@@ -10,6 +10,8 @@ loop talks to all of them through the same small hooks (``after_step``, ``finish
 
 from __future__ import annotations
 
+import dataclasses
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -22,6 +24,20 @@ from torchrec.distributed.model_parallel import (
     get_unwrapped_module,
 )
 from torchrec.distributed.types import ShardingEnv
+
+from shadowsync.pipelines.config import SyncConfig
+from shadowsync.sync.runner import (
+    FixedRateSyncRunner,
+    ShadowSyncRunner,
+    SyncRunner,
+    new_sync_group,
+)
+from shadowsync.sync.strategies import (
+    BlockwiseModelUpdateFiltering,
+    ElasticAveraging,
+    ModelAveraging,
+    SyncStrategy,
+)
 
 
 def dense_parameters(dmp: nn.Module) -> dict[str, nn.Parameter]:
@@ -99,3 +115,101 @@ class LocalReplicas(DataParallelWrapper, ReplicaHooks):
 
 class DDPReplicas(DefaultDataParallelWrapper, ReplicaHooks):
     """TorchRec's default: DDP allreduces dense gradients inside every backward pass."""
+
+
+def make_strategy(cfg: SyncConfig) -> SyncStrategy:
+    """The strategy named by ``sync.algorithm`` with its settings."""
+    if cfg.algorithm == "ma":
+        return ModelAveraging()
+    if cfg.algorithm == "easgd":
+        return ElasticAveraging(alpha=cfg.alpha)
+    if cfg.algorithm == "bmuf":
+        return BlockwiseModelUpdateFiltering(
+            block_momentum=cfg.block_momentum, block_lr=cfg.block_lr, nesterov=cfg.nesterov
+        )
+    raise ValueError(f"sync.algorithm: {cfg.algorithm!r} is not a ShadowSync strategy")
+
+
+class ShadowSyncReplicas(LocalReplicas):
+    """Local replicas kept close by a :class:`~shadowsync.sync.runner.SyncRunner`.
+
+    ``mode: shadow`` runs the strategy on a background thread with its own process group (the
+    training loop only adds finished deltas between steps); ``mode: fixed_rate`` runs the same
+    strategy blocking every ``period`` steps. The runner starts inside :meth:`wrap`, right
+    after the broadcast that makes the replicas identical.
+
+    Example::
+
+        wrapper = ShadowSyncReplicas(SyncConfig(algorithm="ma", mode="shadow"))
+        dmp = DistributedModelParallel(model, device=device, data_parallel_wrapper=wrapper)
+        for batch in data:
+            pipeline.progress(batch_iter)
+            wrapper.after_step()
+        wrapper.finish()          # every rank: stop, final sync, replicas identical
+    """
+
+    def __init__(self, cfg: SyncConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.runner: SyncRunner | None = None
+        self._running = False
+
+    @classmethod
+    def from_config(cls, cfg: SyncConfig) -> ShadowSyncReplicas:
+        make_strategy(cfg)  # fail on a bad setting before any collective
+        return cls(cfg)
+
+    def wrap(self, dmp: DistributedModelParallel, env: ShardingEnv, device: torch.device) -> None:
+        super().wrap(dmp, env, device)
+        cfg = self.cfg
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        group = new_sync_group(backend, timedelta(seconds=cfg.timeout_s))
+        params = list(self.params.values())
+        if cfg.mode == "fixed_rate":
+            self.runner = FixedRateSyncRunner(params, make_strategy(cfg), group, period=cfg.period)
+        else:
+            self.runner = ShadowSyncRunner(
+                params,
+                make_strategy(cfg),
+                group,
+                min_interval_s=cfg.min_interval_s,
+                max_comm_share=cfg.max_comm_share if cfg.max_comm_share is not None else 1.0,
+                deadline_s=cfg.timeout_s,
+            )
+        self.runner.start()
+        self._running = True
+
+    def _runner(self) -> SyncRunner:
+        if self.runner is None:
+            raise RuntimeError("ShadowSyncReplicas used before DistributedModelParallel wrapped it")
+        return self.runner
+
+    def after_step(self) -> None:
+        self._runner().step()
+
+    def pause(self) -> None:
+        # Shadow rounds would keep moving the replicas under an evaluation; fixed-rate ones
+        # only run inside step(), so only the shadow thread needs stopping.
+        if self._running and self.cfg.mode == "shadow":
+            self._runner().stop(final_sync=False)
+            self._running = False
+
+    def resume(self) -> None:
+        if not self._running and self.cfg.mode == "shadow":
+            self._runner().start()
+            self._running = True
+
+    def finish(self) -> None:
+        if self._running:
+            self._runner().stop(final_sync=self.cfg.final_sync)
+            self._running = False
+
+    def stats(self) -> dict[str, float]:
+        s = self._runner().stats()
+        return {k: float(v) for k, v in dataclasses.asdict(s).items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._runner().state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._runner().load_state_dict(state)
