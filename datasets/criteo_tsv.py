@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import re
+import zlib
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -126,7 +127,7 @@ def open_binary(path: str) -> IO[bytes]:
 def _read(f: IO[bytes], size: int, path: str, line: int) -> bytes:
     try:
         return f.read(size)
-    except (OSError, EOFError) as e:
+    except (OSError, EOFError, zlib.error) as e:
         raise OSError(f"{path}: read failed near line {line + 1}: {e}") from e
 
 
