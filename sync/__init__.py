@@ -1,5 +1,14 @@
 """Background (ShadowSync) and fixed-rate synchronization of dense replicas."""
 
+from shadowsync.sync.runner import (
+    FixedRateSyncRunner,
+    ShadowSyncRunner,
+    SyncError,
+    SyncRunner,
+    SyncStats,
+    broadcast_,
+    new_sync_group,
+)
 from shadowsync.sync.strategies import (
     BlockwiseModelUpdateFiltering,
     ElasticAveraging,
@@ -10,6 +19,13 @@ from shadowsync.sync.strategies import (
 __all__ = [
     "BlockwiseModelUpdateFiltering",
     "ElasticAveraging",
+    "FixedRateSyncRunner",
     "ModelAveraging",
+    "ShadowSyncRunner",
+    "SyncError",
+    "SyncRunner",
+    "SyncStats",
     "SyncStrategy",
+    "broadcast_",
+    "new_sync_group",
 ]

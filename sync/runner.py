@@ -1,0 +1,659 @@
+"""Runners that drive a :class:`~.strategies.SyncStrategy` over the dense replicas.
+
+Two runners share one round function (snapshot -> ``reduce_input`` -> SUM-allreduce -> ``delta``):
+
+* :class:`ShadowSyncRunner` runs rounds back to back (or paced) on a background thread and its own
+  process group while training continues, as in ShadowSync (Zheng et al., arXiv:2003.03477,
+  Sec. 3): the training loop only copies a snapshot and adds finished deltas between steps.
+* :class:`FixedRateSyncRunner` runs the same round blocking on the training thread every
+  ``period`` steps: the paper's FR-* baselines, and local SGD / post-local SGD model averaging
+  (Lin et al., arXiv:1808.07217) when the strategy is model averaging.
+
+Facts these rely on (measured, see ``DESIGN-NOTES.md``): gloo collectives release the GIL; a
+thread must never write live parameters while autograd runs (it fails with "modified by an
+inplace operation" and takes the peer down), so the thread only posts deltas; and the stop
+request travels inside the reduced buffer so every rank leaves on the same round.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import dataclasses
+import logging
+import math
+import threading
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch.profiler import record_function
+
+from shadowsync.sync.strategies import SyncStrategy
+
+__all__ = [
+    "FixedRateSyncRunner",
+    "ShadowSyncRunner",
+    "SyncError",
+    "SyncRunner",
+    "SyncStats",
+    "broadcast_",
+    "new_sync_group",
+]
+
+logger = logging.getLogger(__name__)
+
+_CONTROL = 2  # trailing elements of the reduced buffer: [stop, abort]
+_POLL_S = 0.002  # how often stop() services snapshot requests while the thread winds down
+
+
+class SyncError(RuntimeError):
+    """Synchronization failed on this rank (or a peer aborted); the message names the rank."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SyncStats:
+    """Per-rank synchronization telemetry.
+
+    Attributes:
+        steps: training steps seen by :meth:`SyncRunner.step`.
+        rounds: strategy rounds completed (the final consensus is not a round).
+        syncs_applied: deltas added to the live replica.
+        sync_gap_mean: mean training steps between consecutive applied syncs (the first gap
+            counts from the first step); NaN before any sync.
+        sync_gap_max: largest such gap; 0 before any sync.
+        staleness_mean: mean training steps between a round's snapshot and the application of its
+            delta (0 for fixed-rate); NaN before any sync.
+        staleness_max: largest such staleness.
+        comm_seconds: wall seconds spent in allreduces, waiting for peers included.
+        bytes_reduced: payload bytes handed to allreduce (flags and consensus included); a ring
+            allreduce sends about ``2 (W - 1) / W`` times this per rank.
+        wall_seconds: seconds the runner has been started (summed over start/stop cycles).
+        rounds_per_s: ``rounds / wall_seconds``.
+    """
+
+    steps: int
+    rounds: int
+    syncs_applied: int
+    sync_gap_mean: float
+    sync_gap_max: int
+    staleness_mean: float
+    staleness_max: int
+    comm_seconds: float
+    bytes_reduced: int
+    wall_seconds: float
+    rounds_per_s: float
+
+
+@dataclasses.dataclass
+class _Counters:
+    steps: int = 0
+    rounds: int = 0
+    syncs_applied: int = 0
+    last_apply_step: int = 0
+    gap_sum: int = 0
+    gap_max: int = 0
+    staleness_sum: int = 0
+    staleness_max: int = 0
+    comm_seconds: float = 0.0
+    bytes_reduced: int = 0
+    wall_seconds: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class _Delta:
+    """A finished round: the delta, its CUDA completion event (None on CPU), its snapshot step."""
+
+    delta: Tensor
+    ready: torch.cuda.Event | None
+    snapshot_step: int
+
+
+def _check_params(params: Sequence[Tensor]) -> list[Tensor]:
+    """Validate that ``params`` can share one flat buffer: same dtype and device, no repeats."""
+    params = list(params)
+    if not params:
+        raise ValueError("params is empty: there are no dense parameters to synchronize")
+    for i, p in enumerate(params):
+        if not isinstance(p, Tensor):
+            raise TypeError(f"params[{i}] is a {type(p).__name__}, not a Tensor")
+        if p.is_sparse or not p.is_floating_point():
+            raise ValueError(f"params[{i}] must be a dense floating-point tensor, got "
+                             f"{p.dtype} (sparse={p.is_sparse})")
+        if (p.dtype, p.device) != (params[0].dtype, params[0].device):
+            raise ValueError(f"params[{i}] is {p.dtype} on {p.device} but params[0] is "
+                             f"{params[0].dtype} on {params[0].device}: one flat buffer needs one "
+                             "dtype and device; group parameters into one runner per dtype")
+    if len({id(p) for p in params}) != len(params):
+        raise ValueError("params contains the same tensor twice; its delta would apply twice")
+    return params
+
+
+def _require_dist() -> None:
+    if not dist.is_initialized():
+        raise RuntimeError("torch.distributed is not initialized: call init_process_group first")
+
+
+def new_sync_group(backend: str = "gloo", timeout: timedelta = timedelta(minutes=10)
+                   ) -> dist.ProcessGroup:
+    """Create the process group that carries synchronization collectives.
+
+    A group of its own keeps the runner's allreduces from interleaving with the training loop's
+    collectives (TorchRec's all-to-alls) on the default group. ``dist.new_group`` is itself
+    collective: call this on every rank, in the same order, before any thread starts. ``timeout``
+    bounds how long a rank waits in a collective for a peer that died or stopped participating.
+    """
+    _require_dist()
+    if timeout <= timedelta(0):
+        raise ValueError(f"timeout must be positive, got {timeout}")
+    return dist.new_group(backend=backend, timeout=timeout)
+
+
+@torch.no_grad()
+def broadcast_(params: Sequence[Tensor], group: dist.ProcessGroup | None = None,
+               src: int = 0) -> None:
+    """Overwrite every rank's ``params`` with rank ``src``'s (a global rank), in one collective.
+
+    Runners assume identical replicas at :meth:`SyncRunner.start` (the strategies' center and
+    global model are taken from the local replica); this establishes it.
+    """
+    _require_dist()
+    params = _check_params(params)
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
+    dist.broadcast(flat, src=src, group=group)
+    torch._foreach_copy_(params, _views(flat, params))
+
+
+def _views(flat: Tensor, params: Sequence[Tensor]) -> list[Tensor]:
+    """Views of ``flat`` shaped like ``params``, in order."""
+    return [chunk.view_as(p) for chunk, p in zip(flat.split([p.numel() for p in params]),
+                                                 params, strict=True)]
+
+
+class SyncRunner(abc.ABC):
+    """Owns the live dense parameters, the flat buffers, the strategy and the sync group.
+
+    Shared by both runners: flattening, the round function, the abort protocol, applying deltas,
+    the final consensus, telemetry and state. The reduced buffer is ``[payload (numel), stop,
+    abort]``: the two flags ride in the same allreduce as the payload, so every rank learns of a
+    stop request or a peer's failure on the same round and nobody is left blocked in a collective.
+
+    Lifecycle (every call collective across ranks unless noted)::
+
+        group = new_sync_group()            # every rank, before any thread starts
+        broadcast_(params)                  # replicas identical
+        runner = ShadowSyncRunner(params, strategy, group)   # or FixedRateSyncRunner
+        runner.start()
+        for batch in data:
+            loss = ...; loss.backward(); optimizer.step()
+            runner.step()                   # local: may apply a delta / take a snapshot
+        runner.stop(final_sync=True)        # replicas end bit-identical
+    """
+
+    def __init__(self, params: Sequence[Tensor], strategy: SyncStrategy,
+                 group: dist.ProcessGroup) -> None:
+        _require_dist()
+        if not isinstance(strategy, SyncStrategy):
+            raise TypeError(f"strategy must be a SyncStrategy, got {type(strategy).__name__}")
+        if not isinstance(group, dist.ProcessGroup):
+            raise TypeError(f"group must be a ProcessGroup (see new_sync_group()), "
+                            f"got {type(group).__name__}")
+        self._params = _check_params(params)
+        self._strategy = strategy
+        self._group = group
+        self._rank = dist.get_rank()
+        self._world_size = dist.get_world_size(group)
+        self._device = self._params[0].device
+        self._numel = sum(p.numel() for p in self._params)
+        dtype = self._params[0].dtype
+        self._snapshot = torch.empty(self._numel, dtype=dtype, device=self._device)
+        self._snapshot_views = _views(self._snapshot, self._params)
+        self._comm = torch.empty(self._numel + _CONTROL, dtype=dtype, device=self._device)
+        self._reduced = self._comm[: self._numel]
+        self._stream: torch.cuda.Stream | None = None
+        self._strategy_ready = False
+        self._running = False
+        self._started_at = 0.0
+        self._error: BaseException | None = None
+        self._lock = threading.Lock()
+        self._counters = _Counters()
+
+    # ------------------------------------------------------------------ public API
+    @property
+    def strategy(self) -> SyncStrategy:
+        """The strategy (its state is only consistent across ranks while stopped)."""
+        return self._strategy
+
+    def start(self) -> None:
+        """Begin synchronizing; replicas must be identical (see :func:`broadcast_`) the first time.
+
+        The first :meth:`start` (or :meth:`load_state_dict`) initializes the strategy from the
+        live replica; later ones (after :meth:`stop`) resume with the current strategy state.
+        """
+        if self._running:
+            raise RuntimeError("start() called twice without stop()")
+        if self._error is not None:
+            raise RuntimeError("this runner failed earlier; create a new one") from self._error
+        self._init_strategy()
+        self._running = True
+        self._started_at = time.perf_counter()
+
+    @abc.abstractmethod
+    def step(self) -> None:
+        """Call once per training step, after ``optimizer.step()``, on every rank."""
+
+    @abc.abstractmethod
+    def stop(self, final_sync: bool = True) -> None:
+        """Stop synchronizing on every rank; with ``final_sync`` replicas end bit-identical."""
+
+    def stats(self) -> SyncStats:
+        """Telemetry of this rank so far."""
+        with self._lock:
+            c = dataclasses.replace(self._counters)
+        wall = c.wall_seconds + (time.perf_counter() - self._started_at if self._running else 0.0)
+        applied = c.syncs_applied
+        return SyncStats(
+            steps=c.steps,
+            rounds=c.rounds,
+            syncs_applied=applied,
+            sync_gap_mean=c.gap_sum / applied if applied else math.nan,
+            sync_gap_max=c.gap_max,
+            staleness_mean=c.staleness_sum / applied if applied else math.nan,
+            staleness_max=c.staleness_max,
+            comm_seconds=c.comm_seconds,
+            bytes_reduced=c.bytes_reduced,
+            wall_seconds=wall,
+            rounds_per_s=c.rounds / wall if wall > 0 else 0.0,
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """Strategy state plus step/round counters (rank-consistent; see subclasses for when)."""
+        self._init_strategy()
+        with self._lock:
+            c = self._counters
+            return {"strategy": self._strategy.state_dict(), "steps": c.steps,
+                    "rounds": c.rounds, "syncs_applied": c.syncs_applied,
+                    "last_apply_step": c.last_apply_step}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output; only while stopped, after the replica is restored."""
+        if self._running:
+            raise RuntimeError("load_state_dict() while running: call it before start()")
+        self._init_strategy()
+        self._strategy.load_state_dict(state_dict["strategy"])
+        c = self._counters
+        c.steps, c.rounds = int(state_dict["steps"]), int(state_dict["rounds"])
+        c.syncs_applied = int(state_dict["syncs_applied"])
+        c.last_apply_step = int(state_dict["last_apply_step"])
+
+    # ------------------------------------------------------------------ shared machinery
+    def _init_strategy(self) -> None:
+        if not self._strategy_ready:
+            self._copy_live_to_snapshot()
+            self._strategy.init(self._snapshot, self._world_size)
+            self._strategy_ready = True
+
+    def _require_running(self, what: str) -> None:
+        if not self._running:
+            raise RuntimeError(f"{what} called on a runner that is not started")
+
+    def _raise_failure(self) -> None:
+        """Raise the recorded failure, if any, as a SyncError naming this rank."""
+        err = self._error
+        if err is not None:
+            raise self._sync_error(err) from err
+
+    def _sync_error(self, err: BaseException) -> SyncError:
+        return SyncError(f"rank {self._rank}: synchronization failed: {type(err).__name__}: {err}")
+
+    @torch.no_grad()
+    def _copy_live_to_snapshot(self) -> None:
+        """Snapshot the live replica; on the runner's side stream (if any), fenced both ways.
+
+        The side stream waits for the main stream's pending work on the parameters, and the main
+        stream waits for the copy before it can overwrite them in the next optimizer step.
+        """
+        if self._stream is None:
+            torch._foreach_copy_(self._snapshot_views, self._params)
+            return
+        main = torch.cuda.current_stream(self._device)
+        self._stream.wait_stream(main)
+        with torch.cuda.stream(self._stream):
+            torch._foreach_copy_(self._snapshot_views, self._params)
+        main.wait_stream(self._stream)
+
+    def _allreduce(self, payload: Tensor | None, *, stop: bool = False,
+                   abort: bool = False) -> bool:
+        """SUM-allreduce ``payload`` (zeros if None) and the flags; True if any rank asked to stop.
+
+        Reading the flags synchronizes the calling thread with its current stream; in shadow mode
+        that is the sync thread and its side stream, never the training loop.
+        """
+        n = self._numel
+        with record_function("shadowsync.allreduce"):
+            if payload is None:
+                self._reduced.zero_()
+            else:
+                self._reduced.copy_(payload)
+            self._comm[n].fill_(float(stop))
+            self._comm[n + 1].fill_(float(abort))
+            began = time.perf_counter()
+            dist.all_reduce(self._comm, op=dist.ReduceOp.SUM, group=self._group)
+            stop_seen, abort_seen = (self._comm[n:] > 0).tolist()
+            elapsed = time.perf_counter() - began
+        with self._lock:
+            self._counters.comm_seconds += elapsed
+            self._counters.bytes_reduced += self._comm.numel() * self._comm.element_size()
+        if abort_seen and not abort:
+            raise SyncError("another rank's synchronization failed and aborted round "
+                            f"{self._counters.rounds + 1} (see that rank's error)")
+        return bool(stop_seen)
+
+    def _abort_peers(self) -> None:
+        """Spend the round peers are waiting in on an abort flag, so they fail fast, not hang."""
+        try:
+            self._allreduce(None, abort=True)
+        except Exception:  # the group may be broken already; peers then hit its timeout
+            logger.warning("rank %d: could not notify peers of the failure", self._rank,
+                           exc_info=True)
+
+    def _round(self, request_stop: bool = False) -> tuple[Tensor, bool]:
+        """One strategy round on the snapshot; returns (delta, whether ranks agreed to stop).
+
+        A local failure before the allreduce, or after it in a round that is not the last,
+        leaves peers waiting in (or about to enter) a collective: they get an abort round. A
+        failure inside the collective does not, since the group itself is then in doubt.
+        """
+        try:
+            with record_function("shadowsync.reduce_input"):
+                payload = self._strategy.reduce_input(self._snapshot)
+        except Exception:
+            self._abort_peers()
+            raise
+        stop = self._allreduce(payload, stop=request_stop)
+        try:
+            with record_function("shadowsync.delta"):
+                delta = self._strategy.delta(self._snapshot, self._reduced)
+        except Exception:
+            if not stop:
+                self._abort_peers()
+            raise
+        with self._lock:
+            self._counters.rounds += 1
+        return delta, stop
+
+    @torch.no_grad()
+    def _apply(self, done: _Delta) -> None:
+        """Add a finished delta to the live replica (training thread, between steps)."""
+        with record_function("shadowsync.apply"):
+            if done.ready is not None:
+                main = torch.cuda.current_stream(self._device)
+                main.wait_event(done.ready)
+                done.delta.record_stream(main)
+            torch._foreach_add_(self._params, _views(done.delta, self._params))
+        c = self._counters
+        with self._lock:
+            gap, staleness = c.steps - c.last_apply_step, c.steps - done.snapshot_step
+            c.syncs_applied += 1
+            c.last_apply_step = c.steps
+            c.gap_sum += gap
+            c.gap_max = max(c.gap_max, gap)
+            c.staleness_sum += staleness
+            c.staleness_max = max(c.staleness_max, staleness)
+
+    @torch.no_grad()
+    def _consensus(self) -> None:
+        """Blocking: overwrite every replica with the strategy's consensus model.
+
+        Overwriting (not adding a delta) is what makes replicas bit-identical: the consensus is a
+        function of the reduced buffer alone, and every rank receives the same reduced bits.
+        """
+        with record_function("shadowsync.consensus"):
+            self._copy_live_to_snapshot()
+            self._allreduce(self._strategy.consensus_input(self._snapshot))
+            model = self._strategy.consensus(self._reduced)
+            torch._foreach_copy_(self._params, _views(model, self._params))
+
+    def _mark_stopped(self) -> None:
+        with self._lock:
+            self._counters.wall_seconds += time.perf_counter() - self._started_at
+        self._running = False
+
+
+class FixedRateSyncRunner(SyncRunner):
+    """Blocking synchronization every ``period`` training steps (the paper's FR-* baselines).
+
+    The round runs on the training thread and its delta is added at once, so there is no
+    staleness. Rounds follow after steps ``1, period + 1, 2 * period + 1, ...`` (counted over the
+    runner's lifetime, checkpoints included): exactly the schedule of
+    ``torch.distributed.algorithms.model_averaging.averagers.PeriodicModelAverager(period,
+    warmup_steps=0)``, whose counter averages when ``step % period == 0`` *before* incrementing.
+    With :class:`~.strategies.ModelAveraging` the two produce the same replicas (up to the
+    rounding of ``x + (mean - x)`` versus ``mean``).
+
+    Every rank must call :meth:`SyncRunner.step` the same number of times. State is
+    rank-consistent after any step, so :meth:`SyncRunner.state_dict` may be called while running.
+    """
+
+    def __init__(self, params: Sequence[Tensor], strategy: SyncStrategy,
+                 group: dist.ProcessGroup, *, period: int) -> None:
+        if isinstance(period, bool) or not isinstance(period, int) or period < 1:
+            raise ValueError(f"period must be an int >= 1, got {period!r}")
+        super().__init__(params, strategy, group)
+        self._period = period
+
+    def step(self) -> None:
+        self._require_running("step()")
+        self._raise_failure()
+        c = self._counters
+        c.steps += 1
+        if (c.steps - 1) % self._period:
+            return
+        self._copy_live_to_snapshot()
+        try:
+            delta, _ = self._round()
+        except Exception as exc:
+            self._error = exc
+            raise self._sync_error(exc) from exc
+        self._apply(_Delta(delta, None, c.steps))
+
+    def stop(self, final_sync: bool = True) -> None:
+        self._require_running("stop()")
+        self._mark_stopped()
+        self._raise_failure()
+        if final_sync:
+            self._consensus()
+
+
+class ShadowSyncRunner(SyncRunner):
+    """ShadowSync: rounds run on a background thread while training continues.
+
+    Zheng et al., "ShadowSync: Performing Synchronization in the Background for Highly Scalable
+    Distributed Training", arXiv:2003.03477. The thread owns communication and strategy math; the
+    training loop owns the parameters. Schedule of one round ``r`` (CUDA; on CPU there are no
+    streams and copies are synchronous):
+
+    ======  ===================  ===============  ==========================================
+    stage   thread               CUDA stream      work and ordering
+    ======  ===================  ===============  ==========================================
+    ask     sync thread          --               request snapshot ``r``; wait for it
+    apply   training (step())    main             main waits delta ``r-1``'s event; add it
+                                                  to the live params (before the snapshot, so
+                                                  snapshot ``r`` includes delta ``r-1``)
+    copy    training (step())    side             side waits main; live -> snapshot; main
+                                                  waits side (next optimizer step must not
+                                                  overwrite params mid-copy); notify thread
+    train   training             main             steps continue; no sync work at all
+    reduce  sync thread          side             ``reduce_input(snapshot)`` + flags into the
+                                                  flat buffer; SUM-allreduce on the sync group
+    flags   sync thread          side (host sync) read [stop, abort]; only this thread blocks
+    delta   sync thread          side             ``delta(snapshot, reduced)``; record event;
+                                                  post it (at most one posted at a time)
+    pace    sync thread          --               sleep for ``min_interval_s`` /
+                                                  ``max_comm_share``; then round ``r+1``
+    ======  ===================  ===============  ==========================================
+
+    A snapshot is taken only when the thread asks for one, so training pays one O(parameters)
+    copy per round, not per step. The thread never writes live parameters.
+
+    Pacing: round ``r+1`` starts no earlier than ``min_interval_s`` after round ``r`` started,
+    and no earlier than ``busy * (1 / max_comm_share - 1)`` after it ended, where ``busy`` is the
+    round's time from snapshot to posted delta; the defaults run rounds back to back.
+
+    Stopping: :meth:`stop` raises the stop flag in the next round's buffer; every rank's thread
+    leaves after that same round (a rank that is still training simply stops receiving syncs).
+    ``stop`` services snapshot requests itself, applies the last delta, and with ``final_sync``
+    performs the strategy's consensus (see each strategy) so replicas end bit-identical.
+
+    Failures: an exception on the thread is re-raised by the next :meth:`step` (or
+    :meth:`stop`) as :class:`SyncError`; peers get an abort flag in the round they wait in, so
+    they fail on their next ``step()`` too; a dead peer surfaces as the group's timeout. With
+    ``deadline_s``, ``step()`` also raises when no round has completed for that long.
+
+    :meth:`SyncRunner.state_dict` is only rank-consistent while stopped (each rank's thread is at
+    a different point of its round); it raises while running: ``stop(final_sync=False)``,
+    checkpoint, ``start()``.
+    """
+
+    def __init__(self, params: Sequence[Tensor], strategy: SyncStrategy,
+                 group: dist.ProcessGroup, *, min_interval_s: float = 0.0,
+                 max_comm_share: float = 1.0, deadline_s: float | None = None) -> None:
+        if not min_interval_s >= 0.0:
+            raise ValueError(f"min_interval_s must be >= 0, got {min_interval_s}")
+        if not 0.0 < max_comm_share <= 1.0:
+            raise ValueError(f"max_comm_share must be in (0, 1], got {max_comm_share}")
+        if deadline_s is not None and not deadline_s > min_interval_s:
+            raise ValueError(f"deadline_s must be > min_interval_s ({min_interval_s}), "
+                             f"got {deadline_s}")
+        super().__init__(params, strategy, group)
+        self._min_interval_s = min_interval_s
+        self._max_comm_share = max_comm_share
+        self._deadline_s = deadline_s
+        if self._device.type == "cuda":
+            self._stream = torch.cuda.Stream(self._device)
+        self._thread: threading.Thread | None = None
+        self._want_snapshot = threading.Event()
+        self._snapshot_ready = threading.Event()
+        self._stop_requested = threading.Event()
+        self._wake = threading.Event()
+        self._posted: _Delta | None = None
+        self._snapshot_step = 0
+        self._last_progress = 0.0
+
+    def start(self) -> None:
+        super().start()
+        for event in (self._want_snapshot, self._snapshot_ready, self._stop_requested,
+                      self._wake):
+            event.clear()
+        self._last_progress = time.perf_counter()
+        self._thread = threading.Thread(target=self._thread_main, daemon=True,
+                                        name=f"shadowsync-rank{self._rank}")
+        self._thread.start()
+
+    def step(self) -> None:
+        """Step boundary: apply a finished delta, then take a snapshot if the thread wants one.
+
+        Raises :class:`SyncError` if the thread failed, a peer aborted, or ``deadline_s`` passed
+        without a completed round.
+        """
+        self._require_running("step()")
+        self._check_health()
+        self._counters.steps += 1
+        self._boundary()
+
+    def stop(self, final_sync: bool = True) -> None:
+        self._require_running("stop()")
+        thread = self._thread
+        assert thread is not None
+        self._stop_requested.set()
+        self._wake.set()
+        try:
+            while thread.is_alive():
+                self._check_health()
+                self._boundary()
+                thread.join(_POLL_S)
+            self._raise_failure()
+        finally:
+            self._mark_stopped()
+        self._thread = None
+        self._boundary()  # the last round's delta, if the loop above missed it
+        if final_sync:
+            self._consensus()
+
+    def state_dict(self) -> dict[str, Any]:
+        if self._thread is not None:
+            raise RuntimeError("state_dict() while the sync thread runs is not consistent across "
+                               "ranks: stop(final_sync=False), checkpoint, then start() again")
+        return super().state_dict()
+
+    # ------------------------------------------------------------------ training-thread side
+    def _check_health(self) -> None:
+        """Raise SyncError if the thread failed, or (with deadline_s) stalled."""
+        thread = self._thread
+        if (self._error is None and self._deadline_s is not None and thread is not None
+                and thread.is_alive()
+                and time.perf_counter() - self._last_progress > self._deadline_s):
+            with self._lock:
+                self._error = self._error or TimeoutError(
+                    f"no synchronization round completed in {self._deadline_s} s "
+                    f"(round {self._counters.rounds + 1} stalled)")
+        self._raise_failure()
+
+    def _boundary(self) -> None:
+        with self._lock:
+            done, self._posted = self._posted, None
+        if done is not None:
+            self._apply(done)
+        if self._want_snapshot.is_set():
+            self._want_snapshot.clear()
+            with record_function("shadowsync.snapshot"):
+                self._copy_live_to_snapshot()
+            self._snapshot_step = self._counters.steps
+            self._snapshot_ready.set()
+
+    # ------------------------------------------------------------------ sync-thread side
+    def _thread_main(self) -> None:
+        try:
+            with self._thread_streams():
+                self._loop()
+        except BaseException as exc:  # handed to the training loop by step()/stop()
+            with self._lock:
+                self._error = self._error or exc
+
+    def _thread_streams(self) -> contextlib.ExitStack:
+        """The side stream (and its device) as the thread's current ones; nothing on CPU."""
+        stack = contextlib.ExitStack()
+        if self._stream is not None:
+            stack.enter_context(torch.cuda.device(self._device))
+            stack.enter_context(torch.cuda.stream(self._stream))
+        return stack
+
+    def _loop(self) -> None:
+        last: tuple[float, float] | None = None
+        while True:
+            if last is not None:
+                self._pace(*last)
+            self._snapshot_ready.clear()
+            self._want_snapshot.set()
+            self._snapshot_ready.wait()
+            began = time.perf_counter()
+            delta, stop = self._round(self._stop_requested.is_set())
+            ready = self._stream.record_event() if self._stream is not None else None
+            with self._lock:
+                assert self._posted is None, "a delta was posted before the previous one applied"
+                self._posted = _Delta(delta, ready, self._snapshot_step)
+            last = (began, time.perf_counter())
+            self._last_progress = last[1]
+            if stop:
+                return
+
+    def _pace(self, began: float, ended: float) -> None:
+        busy = ended - began
+        resume = max(began + self._min_interval_s, ended + busy * (1 / self._max_comm_share - 1))
+        delay = resume - time.perf_counter()
+        if delay > 0:
+            self._wake.wait(delay)
