@@ -109,13 +109,19 @@ def make_batch(
     n = dense.shape[0]
     values = [np.ascontiguousarray(one_hot.T).reshape(-1).astype(np.int64, copy=False)]
     lengths = [np.ones(one_hot.size, dtype=np.int32)]
+    per_key = [n] * one_hot.shape[1]
     for bag in bags:
         values.append(bag[bag >= 0].astype(np.int64, copy=False))
         lengths.append((bag >= 0).sum(axis=1, dtype=np.int32))
-    kjt = KeyedJaggedTensor.from_lengths_sync(
+        per_key.append(len(values[-1]))
+    # Sizes per key are known here, so the KJT need not recompute them from the lengths.
+    kjt = KeyedJaggedTensor(
         keys=keys,
         values=torch.from_numpy(np.concatenate(values)),
         lengths=torch.from_numpy(np.concatenate(lengths)),
+        stride=n,
+        length_per_key=per_key,
+        offset_per_key=np.concatenate([[0], np.cumsum(per_key)]).tolist(),
     )
     return Batch(
         dense_features=torch.from_numpy(np.ascontiguousarray(dense, dtype=np.float32)),
