@@ -49,7 +49,9 @@ def _spread(results: list[list[dict[str, Any]]], run: int) -> float:
 
 @pytest.fixture(scope="module")
 def baselines() -> list[list[dict[str, Any]]]:
-    runs = [["sync.algorithm=none"], ["sync.algorithm=ddp"]]
+    runs = [["sync.algorithm=none"], ["sync.algorithm=ddp"],
+            ["sync.algorithm=ma", "sync.mode=shadow"],
+            ["sync.algorithm=bmuf", "sync.mode=fixed_rate", "sync.period=8"]]
     return run_ranks(functools.partial(_train, runs=runs), timeout_s=240)
 
 
@@ -64,7 +66,7 @@ def test_plan_puts_tables_on_both_ranks(baselines: list[list[dict[str, Any]]]) -
 def test_learns_the_planted_signal(baselines: list[list[dict[str, Any]]]) -> None:
     planted = build_dataset("synthetic", **load_config("synthetic", SMALL).data.options)
     ceiling = planted.planted_auc(batch_size=2048)
-    for run in (0, 1):
+    for run in range(4):
         summary = baselines[0][run]["summary"]
         # Chance is 0.5 and the planted model's own AUC is ~0.86 on this split; 320 steps of
         # 256 examples per rank reach ~0.78 (measured), so 0.72 leaves room for noise.
@@ -109,3 +111,20 @@ def test_row_wise_is_refused_on_cpu_with_the_setting_named() -> None:
     spec = build_dataset("synthetic").spec
     with pytest.raises(ValueError, match="sharding.types"):
         _constraints(cfg, spec, torch.device("cpu"))
+
+
+def test_shadowsync_in_the_trainer_syncs_while_training_and_ends_identical(
+    baselines: list[list[dict[str, Any]]],
+) -> None:
+    for rank in (0, 1):
+        shadow = baselines[rank][2]["summary"]
+        assert shadow["sync_steps"] == 320
+        # Rounds ran beside training (a 15 KB buffer on loopback takes milliseconds), far more
+        # often than any fixed period a foreground sync could afford.
+        assert shadow["sync_syncs_applied"] >= 32, shadow
+        assert 0.5 <= shadow["sync_sync_gap_mean"] <= 10.0, shadow
+        fixed = baselines[rank][3]["summary"]
+        assert fixed["sync_syncs_applied"] == 40 and fixed["sync_sync_gap_max"] == 8, fixed
+    # finish() ran the final sync: both strategies leave bit-identical replicas.
+    assert _spread(baselines, 2) == 0.0
+    assert _spread(baselines, 3) == 0.0
