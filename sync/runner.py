@@ -146,6 +146,12 @@ def new_sync_group(backend: str = "gloo", timeout: timedelta = timedelta(minutes
     collectives (TorchRec's all-to-alls) on the default group. ``dist.new_group`` is itself
     collective: call this on every rank, in the same order, before any thread starts. ``timeout``
     bounds how long a rank waits in a collective for a peer that died or stopped participating.
+
+    Prefer ``gloo`` (it reduces CUDA tensors too, staging them through host memory) when the
+    training loop itself uses NCCL: NCCL documents that issuing operations from several threads
+    to independent communicators on the same device is not safe (NCCL user guide, "Thread
+    Safety" / "Using multiple NCCL communicators concurrently"), and a shadow round is exactly
+    that.
     """
     _require_dist()
     if timeout <= timedelta(0):
