@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -83,10 +84,19 @@ def test_missing_package_is_explained(monkeypatch: pytest.MonkeyPatch) -> None:
         locate_ml1m()
 
 
-def test_a_dlrm_beats_the_base_rate(ml: MovieLens1M) -> None:
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """Tiny ops on a busy 2-core machine: a second intra-op thread made one pass 8x slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_a_dlrm_beats_the_base_rate(ml: MovieLens1M, one_thread: None) -> None:
     """One pass of a small single-process DLRM (~10 s): eval NE well below 1.
 
-    Measured: NE 0.849 after one pass (batch 1024, Adam 3e-3, seed 0).
+    Measured: NE 0.846 after one pass (batch 1024, Adam 3e-3, seed 0, one thread).
     """
     torch.manual_seed(0)
     cfg = DLRMConfig(
