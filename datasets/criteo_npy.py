@@ -7,8 +7,9 @@ consecutive rows dealt to ranks round-robin (:func:`~shadowsync.datasets.batchin
 ``shuffle`` permutes the windows per ``(seed, epoch)``.
 
 Files written by ``python -m shadowsync.datasets.criteo_preprocess`` carry ``meta.json`` with
-their table sizes. Files made by TorchRec's own ``npy_preproc_criteo`` (raw int64 ids) work too
-when ``num_embeddings`` is given: ids are always taken modulo the table sizes on load.
+their table sizes. Files made by TorchRec's own ``npy_preproc_criteo`` (raw int64 ids) load too
+when ``num_embeddings`` is given, as ids are always taken modulo the table sizes; their dense
+values are ``log(x - min + 2)`` with the file's own minimum, not our ``log(1 + max(x, 0))``.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from shadowsync.datasets.batching import logger
 from shadowsync.datasets.criteo_tsv import (
     CAT_FEATURE_COUNT,
     DEFAULT_BLOCK_SIZE,
+    DEFAULT_NUM_EMBEDDINGS,
     INT_FEATURE_COUNT,
     CriteoFormatError,
     OnBadRow,
@@ -134,8 +135,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument(
         "--num-embeddings",
-        default="100000",
-        help="table size for all 26 features, or 26 comma-separated sizes (default 100000)",
+        default=str(DEFAULT_NUM_EMBEDDINGS),
+        help="table size for all 26 features, or 26 comma-separated sizes (default %(default)s)",
     )
     parser.add_argument("--on-bad-row", choices=("raise", "skip"), default="raise")
     parser.add_argument(

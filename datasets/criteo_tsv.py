@@ -52,6 +52,7 @@ from shadowsync.datasets.batching import batches_per_rank, logger, make_batch, r
 NUM_COLUMNS = 1 + INT_FEATURE_COUNT + CAT_FEATURE_COUNT
 COLUMN_NAMES = [DEFAULT_LABEL_NAME, *DEFAULT_INT_NAMES, *DEFAULT_CAT_NAMES]
 DEFAULT_BLOCK_SIZE = 16 << 20
+DEFAULT_NUM_EMBEDDINGS = 100_000
 DEFAULT_INDEX_CACHE = "~/.cache/shadowsync/criteo_tsv"
 _INDEX_VERSION = 1
 _DENSE_RE = r"^-?[0-9]{1,18}$"
@@ -107,8 +108,14 @@ class ParsedRows:
         )
 
     def take(self, rows: slice) -> ParsedRows:
+        """Some of the rows; ``end_line`` stays, so a remainder still knows what it covers."""
         return ParsedRows(
-            self.dense[rows], self.raw_ids[rows], self.labels[rows], self.lines[rows], 0, 0
+            self.dense[rows],
+            self.raw_ids[rows],
+            self.labels[rows],
+            self.lines[rows],
+            self.end_line,
+            0,
         )
 
 
@@ -416,7 +423,8 @@ class CriteoTSV(RecDataset):
     """Criteo TSV files as a streaming data set (13 dense, 26 sparse features).
 
     Args:
-        paths: training files or glob patterns (local or any iopath URI), read in natural order.
+        paths: training files (local paths or iopath URIs) or local glob patterns, read in
+            natural order (``day_2`` before ``day_10``).
         num_embeddings: table size per sparse feature (one int, or 26 ints).
         eval_paths: files for evaluation; if omitted, the last ``eval_fraction`` of the lines
             of ``paths`` is evaluation (Criteo logs are time-ordered, so eval is the latest).
@@ -433,7 +441,7 @@ class CriteoTSV(RecDataset):
     def __init__(
         self,
         paths: str | list[str],
-        num_embeddings: int | list[int] = 100_000,
+        num_embeddings: int | list[int] = DEFAULT_NUM_EMBEDDINGS,
         eval_paths: str | list[str] | None = None,
         eval_fraction: float | None = None,
         on_bad_row: OnBadRow = "raise",
@@ -525,7 +533,6 @@ class CriteoTSV(RecDataset):
                         yield self._to_batch(merged.take(slice(begin, cut)))
                         begin = int(cut)
                     pending = [merged.take(slice(begin, None))]
-                    pending[0].end_line = merged.end_line
                     done = complete
         self.stats[split].update(bad_rows=bad, batches=done, unread_tail_rows=unread)
         report_pass(self.name, split, rank, done, bad, unread)
