@@ -1,0 +1,313 @@
+"""TorchX components: valid AppDefs, rendered for local_cwd, Slurm and Kubernetes with every
+override reaching torchrun as one untouched argument, and real local_cwd runs (2-rank training to
+SUCCEEDED with its metrics, two nodes meeting through c10d rendezvous, a failing rank to FAILED
+with its error in the logs).
+
+Rendered commands are executed by a real bash with fake ``torchrun``/``srun`` executables that
+record their argv, so quoting is checked by the shell that will run it, not by string matching.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from torchx.components.component_test_base import ComponentTestCase
+from torchx.runner import Runner, get_runner
+from torchx.specs import AppState, AppStatus
+from torchx.specs.builders import materialize_appdef
+from torchx.specs.finder import get_component
+
+from shadowsync.torchx_components import preprocess as preprocess_components
+from shadowsync.torchx_components import train as train_components
+from shadowsync.torchx_components.preprocess import preprocess
+from shadowsync.torchx_components.train import evaluate, train
+
+REPO = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent  # torchx runs `torchrun` from PATH
+MODULE = "shadowsync.pipelines.train"
+SHORT = [
+    "train.steps=40",
+    "eval.max_batches=2",
+    "eval.every_steps=null",
+    "data.options.num_embeddings=1000",
+]
+# One argument each, whatever a shell would make of them.
+TRICKY = [
+    "output_dir=/shared/a b; touch pwned 'q' \"$(id)\" `id` $HOME > x",
+    "model.dense_arch_layer_sizes=[32, 8]",
+]
+RUN_TIMEOUT_S = 150
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def fake_bin(tmp_path: Path) -> Path:
+    """``torchrun`` and ``srun`` stand-ins that save their argv (NUL-separated) and exit 0."""
+    bin_dir = tmp_path / "fake_bin"
+    bin_dir.mkdir()
+    for tool in ("torchrun", "srun"):
+        exe = bin_dir / tool
+        exe.write_text(f"#!/bin/sh\nprintf '%s\\0' \"$@\" > \"{bin_dir}/{tool}.argv\"\n")
+        exe.chmod(0o755)
+    return bin_dir
+
+
+def _run_shell(argv: list[str], fake_bin: Path, env: dict[str, str], cwd: Path) -> None:
+    full_env = {**os.environ, **env, "PATH": f"{fake_bin}{os.pathsep}{os.environ['PATH']}"}
+    subprocess.run(argv, env=full_env, cwd=cwd, check=True, timeout=30, capture_output=True)
+
+
+def _argv(fake_bin: Path, tool: str) -> list[str]:
+    return (fake_bin / f"{tool}.argv").read_text().split("\0")[:-1]
+
+
+def _torchrun_argv(bash_c: list[str], fake_bin: Path, env: dict[str, str]) -> list[str]:
+    """What torchrun receives when ``bash -c CMD`` (the role's command) runs with ``env``."""
+    assert bash_c[:2] == ["bash", "-c"] and len(bash_c) == 3, bash_c
+    _run_shell(bash_c, fake_bin, env, fake_bin)
+    return _argv(fake_bin, "torchrun")
+
+
+def _flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def _program(argv: list[str]) -> list[str]:
+    """torchrun's ``-m MODULE ARGS...``: everything the training module is started with."""
+    return argv[argv.index("-m"):]
+
+
+class TestComponentsParse(ComponentTestCase):
+    """``torchx run FILE.py:FN --help`` works: torchx's linter and docstring parser accept them."""
+
+    def test_components_pass_the_torchx_cli_checks(self) -> None:
+        for module, fn in [
+            (train_components, "train"),
+            (train_components, "evaluate"),
+            (preprocess_components, "preprocess"),
+        ]:
+            with self.subTest(fn=fn):
+                self.validate(module, fn)
+
+
+def test_cli_arguments_reach_the_appdef() -> None:
+    """The file form that .torchxconfig names, fed CLI strings as `torchx run` does."""
+    component = get_component(f"{REPO}/torchx_components/train.py:train")
+    app = materialize_appdef(
+        component.fn,
+        ["--config", "synthetic", "-j", "2x4", "--gpu", "4", "--cpu", "32", "--memMB", "64000",
+         "--env", "NCCL_DEBUG=INFO,FOO=bar", "--max_retries", "3", "--rdzv_port", "29600",
+         "--mounts", "type=bind,src=/data,dst=/data", *TRICKY],
+    )
+    (role,) = app.roles
+    assert role.num_replicas == 2 and role.max_retries == 3
+    assert (role.resource.cpu, role.resource.gpu, role.resource.memMB) == (32, 4, 64000)
+    assert role.env["NCCL_DEBUG"] == "INFO" and role.env["FOO"] == "bar"
+    assert role.port_map == {"c10d": 29600}
+    assert [(m.src_path, m.dst_path) for m in role.mounts] == [("/data", "/data")]
+    argv = shlex.split(role.args[1])
+    assert _program(argv) == ["-m", MODULE, "--config", "synthetic", *TRICKY]
+    assert _flag(argv, "--nproc_per_node") == "4" and _flag(argv, "--nnodes") == "2"
+
+
+def test_train_appdef() -> None:
+    env = {"NCCL_DEBUG": "INFO"}
+    app = train(*TRICKY, config="criteo.yaml", j="3x2", cpu=8, gpu=2, memMB=4096,
+                image="registry/shadowsync:1", env=env, max_retries=2)
+    (role,) = app.roles
+    assert (role.entrypoint, role.image) == ("bash", "registry/shadowsync:1")
+    assert (role.num_replicas, role.min_replicas, role.max_retries) == (3, 3, 2)
+    assert (role.resource.cpu, role.resource.gpu, role.resource.memMB) == (8, 2, 4096)
+    assert role.env["NCCL_DEBUG"] == "INFO"
+    assert env == {"NCCL_DEBUG": "INFO"}, "the caller's env dict must not change"
+    argv = shlex.split(role.args[1])
+    assert argv[0] == "torchrun" and _flag(argv, "--rdzv_backend") == "c10d"
+    assert _program(argv) == ["-m", MODULE, "--config", "criteo.yaml", *TRICKY]
+
+
+def test_train_needs_a_gpu_per_rank() -> None:
+    with pytest.raises(ValueError, match="processes per node"):
+        train(j="1x8", gpu=4)
+
+
+def test_evaluate_appdef() -> None:
+    (role,) = evaluate("eval.batch_size=8192", checkpoint="/ckpt/step 100", j="1x4").roles
+    assert _program(shlex.split(role.args[1])) == [
+        "-m", "shadowsync.pipelines.evaluate", "--checkpoint", "/ckpt/step 100",
+        "--config", "synthetic", "eval.batch_size=8192",
+    ]
+
+
+def test_preprocess_appdef() -> None:
+    app = preprocess("/data/day_0.gz", "/data/-odd name", out="/shared/npy",
+                     num_embeddings="40000000", on_bad_row="skip", memMB=16000)
+    (role,) = app.roles
+    assert role.entrypoint == "python" and role.num_replicas == 1
+    assert role.args == [
+        "-m", "shadowsync.datasets.criteo_preprocess", "--out", "/shared/npy",
+        "--num-embeddings", "40000000", "--on-bad-row", "skip", "--",
+        "/data/day_0.gz", "/data/-odd name",
+    ]
+    assert (role.resource.cpu, role.resource.gpu, role.resource.memMB) == (2, 0, 16000)
+    with pytest.raises(ValueError, match="input"):
+        preprocess(out="/x")
+
+
+def test_local_cwd_dryrun(fake_bin: Path) -> None:
+    with get_runner() as runner:
+        info = runner.dryrun(train(*TRICKY), "local_cwd", cfg={"log_dir": str(fake_bin)})
+    (replica,) = info.request.role_params["train"]
+    argv = _torchrun_argv(replica.args, fake_bin, replica.env)
+    # one node: torchrun picks a free port itself (no clash between concurrent jobs)
+    assert _flag(argv, "--rdzv_endpoint") == "localhost:0"
+    assert _program(argv) == ["-m", MODULE, "--config", "synthetic", *TRICKY]
+
+
+def test_slurm_dryrun(fake_bin: Path) -> None:
+    app = train(*TRICKY, j="2x4", cpu=16, gpu=4, memMB=64000, env={"NCCL_DEBUG": "INFO"})
+    with get_runner() as runner:
+        info = runner.dryrun(app, "slurm", cfg={"partition": "gpu", "time": "60"})
+    script = info.request.materialize()
+    groups = [line.split()[1:] for line in script.splitlines() if line.startswith("#SBATCH --")]
+    assert len(groups) == 2  # one heterogeneous job group per node
+    for group in groups:
+        assert {"--cpus-per-task=16", "--mem=64000", "--gpus-per-task=4"} <= set(group), group
+    (fake_bin / "sbatch.sh").write_text(script)
+    node_env = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST_HET_GROUP_0": "node7"}
+    _run_shell(["bash", "sbatch.sh"], fake_bin, node_env, fake_bin)
+    srun = _argv(fake_bin, "srun")
+    groups = [srun[:srun.index(":")], srun[srun.index(":") + 1:]]
+    for group in groups:
+        assert "--export=ALL," in " ".join(group) and "NCCL_DEBUG=INFO" in " ".join(group)
+        argv = _torchrun_argv(group[group.index("bash"):], fake_bin, node_env)
+        assert _flag(argv, "--rdzv_endpoint") == "node7:29500"
+        assert _flag(argv, "--rdzv_id") == "4242"
+        assert _program(argv) == ["-m", MODULE, "--config", "synthetic", *TRICKY]
+
+
+def test_kubernetes_dryrun(fake_bin: Path) -> None:
+    pytest.importorskip("kubernetes", reason="torchx renders Kubernetes pods with the kubernetes "
+                                             "client; it is not installed")
+    app = train(*TRICKY, j="2x8", cpu=64, gpu=8, memMB=500000, image="registry/shadowsync:1",
+                mounts=["type=volume", "src=shadowsync-shared", "dst=/shared"])
+    with get_runner() as runner:
+        info = runner.dryrun(app, "kubernetes", cfg={"queue": "default"})
+    tasks = info.request.resource["spec"]["tasks"]
+    assert len(tasks) == 2  # one pod per node
+    for task in tasks:
+        (container,) = task["template"].spec.containers
+        assert container.image == "registry/shadowsync:1"
+        assert container.resources.limits == {
+            "cpu": "64000m", "memory": "500000M", "nvidia.com/gpu": "8"
+        }
+        assert "/shared" in [m.mount_path for m in container.volume_mounts]
+        env = {e.name: e.value for e in container.env}
+        env["VC_TRAIN_0_HOSTS"] = "train-0.svc"  # what Volcano's svc plugin gives other pods
+        argv = _torchrun_argv(container.command, fake_bin, env)
+        assert _flag(argv, "--rdzv_endpoint") in ("localhost:29500", "train-0.svc:29500")
+        assert _program(argv) == ["-m", MODULE, "--config", "synthetic", *TRICKY]
+
+
+@pytest.fixture
+def venv_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """local_cwd starts ``bash -c "torchrun ..."`` with this process's PATH."""
+    monkeypatch.setenv("PATH", f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}")
+
+
+def _wait(runner: Runner, handle: str, timeout_s: float = RUN_TIMEOUT_S) -> AppStatus:
+    """Polls to a terminal state; a job still running at the deadline is cancelled and fails."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = runner.status(handle)
+        if status is not None and status.is_terminal():
+            return status
+        time.sleep(0.5)
+    runner.cancel(handle)
+    pytest.fail(f"{handle} still running after {timeout_s}s")
+
+
+def _summary(out_dir: Path) -> dict[str, Any]:
+    lines = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    assert lines and lines[-1].get("summary") is True, lines
+    return lines[-1]
+
+
+def test_torchx_run_trains_two_ranks(tmp_path: Path) -> None:
+    """`torchx run -- --config ... OVERRIDES` from the repo root: .torchxconfig picks local_cwd
+    and our component (the first component argument must be an option, or torchx takes it for a
+    component name)."""
+    out = tmp_path / f"out dir; touch {tmp_path}/pwned 'q'"
+    cmd = [str(VENV_BIN / "torchx"), "run", "--scheduler_args", f"log_dir={tmp_path / 'logs'}",
+           "--", "--config", "synthetic", *SHORT, f"output_dir={out}"]
+    env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        log, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)  # torchx cancels its local jobs on the way out
+        log, _ = proc.communicate(timeout=30)
+        pytest.fail(f"torchx run still running after {RUN_TIMEOUT_S}s:\n{log[-4000:]}")
+    assert proc.returncode == 0, log[-4000:]
+    assert "Job finished: SUCCEEDED" in log, log[-4000:]
+    assert _summary(out)["step"] == 40
+    assert (out / "config.yaml").is_file()
+    assert not (tmp_path / "pwned").exists()
+
+
+@pytest.mark.usefixtures("venv_on_path")
+def test_two_nodes_meet_through_c10d_rendezvous(tmp_path: Path) -> None:
+    """``-j 2x1`` on local_cwd: two torchrun agents (one per "node") rendezvous on a free port;
+    ``${app_id}`` in an override is expanded by torchx."""
+    app = train(*SHORT, f"output_dir={tmp_path}/${{app_id}}", j="2x1", rdzv_port=_free_port(),
+                env={"OMP_NUM_THREADS": "1"})  # the two "nodes" share 2 cores
+    with get_runner() as runner:
+        handle = runner.run(app, "local_cwd", cfg={"log_dir": str(tmp_path / "logs")})
+        status = _wait(runner, handle)
+        log = "".join(runner.log_lines(handle, "train", k=0))
+    assert status.state == AppState.SUCCEEDED, log[-4000:]
+    app_id = handle.rsplit("/", 1)[-1]
+    assert _summary(tmp_path / app_id)["step"] == 40
+
+
+FAILING_RANK = textwrap.dedent("""\
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    if dist.get_rank() == 1:
+        raise RuntimeError("rank 1 gave up on purpose")
+    dist.barrier()  # rank 0 waits for a peer that is gone until torchrun stops it
+""")
+
+
+@pytest.mark.usefixtures("venv_on_path")
+def test_failing_rank_fails_the_job_with_its_error(tmp_path: Path) -> None:
+    (tmp_path / "failing_rank.py").write_text(FAILING_RANK)
+    app = train(*SHORT, m="failing_rank", env={"PYTHONPATH": str(tmp_path)})
+    with get_runner() as runner:
+        handle = runner.run(app, "local_cwd", cfg={"log_dir": str(tmp_path / "logs")})
+        status = _wait(runner, handle, timeout_s=90)
+        lines = list(runner.log_lines(handle, "failing_rank", k=0))
+    assert status.state == AppState.FAILED
+    # torchrun --tee prefixes each rank's output with [local rank]
+    assert any(line.startswith("[1]:") and "rank 1 gave up on purpose" in line
+               for line in lines), "".join(lines)[-4000:]
+    assert "Root Cause" in "".join(lines)
