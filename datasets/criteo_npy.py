@@ -24,8 +24,17 @@ from torchrec.datasets.utils import Batch
 
 from shadowsync.datasets.base import register_dataset
 from shadowsync.datasets.batching import WindowedDataset, make_batch
-from shadowsync.datasets.criteo_preprocess import META_FILE, npy_paths
 from shadowsync.datasets.criteo_tsv import criteo_spec, hash_ids, natural_key
+
+META_FILE = "meta.json"
+
+
+def npy_paths(directory: str, day: str) -> tuple[str, str, str]:
+    """Dense, sparse and labels file of one day, named as TorchRec names them."""
+    dense, sparse, labels = (
+        os.path.join(directory, f"{day}_{kind}.npy") for kind in ("dense", "sparse", "labels")
+    )
+    return dense, sparse, labels
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from shadowsync.datasets.batching import logger
+from shadowsync.datasets.criteo_npy import META_FILE, npy_paths
 from shadowsync.datasets.criteo_tsv import (
     CAT_FEATURE_COUNT,
     DEFAULT_BLOCK_SIZE,
@@ -37,8 +38,8 @@ from shadowsync.datasets.criteo_tsv import (
     natural_key,
 )
 
-META_FILE = "meta.json"
 _SUFFIXES = (".gz", ".txt", ".tsv")
+_COPY_ROWS = 1 << 20
 
 
 def day_name(path: str) -> str:
@@ -47,13 +48,6 @@ def day_name(path: str) -> str:
     for suffix in _SUFFIXES:
         name = name.removesuffix(suffix)
     return name
-
-
-def npy_paths(directory: str, day: str) -> tuple[str, str, str]:
-    """Dense, sparse and labels file of one day, named as TorchRec names them."""
-    return tuple(  # type: ignore[return-value]
-        os.path.join(directory, f"{day}_{kind}.npy") for kind in ("dense", "sparse", "labels")
-    )
 
 
 def convert_file(
@@ -80,25 +74,31 @@ def convert_file(
         np.lib.format.open_memmap(p, mode="w+", dtype=dt, shape=(index.num_lines, *shape))
         for p, dt, shape in zip(tmp, dtypes, shapes, strict=True)
     ]
-    rows, bad = 0, 0
-    for parsed in iter_rows(index, 0, index.num_lines, on_bad_row, block_size):
-        n = len(parsed.labels)
-        arrays[0][rows : rows + n] = parsed.dense
-        arrays[1][rows : rows + n] = hash_ids(parsed.raw_ids, sizes)
-        arrays[2][rows : rows + n, 0] = parsed.labels
-        rows, bad = rows + n, bad + parsed.bad_rows
-    for src, dst, arr in zip(tmp, final, arrays, strict=True):
-        if rows < index.num_lines:  # rows were skipped: copy the filled prefix to its own file
-            out = np.lib.format.open_memmap(
-                dst, mode="w+", dtype=arr.dtype, shape=(rows, *arr.shape[1:])
-            )
-            for lo in range(0, rows, 1 << 20):
-                out[lo : lo + (1 << 20)] = arr[lo : lo + (1 << 20)]
-            out.flush()
-            os.remove(src)
-        else:
+    try:
+        rows, bad = 0, 0
+        for parsed in iter_rows(index, 0, index.num_lines, on_bad_row, block_size):
+            n = len(parsed.labels)
+            arrays[0][rows : rows + n] = parsed.dense
+            arrays[1][rows : rows + n] = hash_ids(parsed.raw_ids, sizes)
+            arrays[2][rows : rows + n, 0] = parsed.labels
+            rows, bad = rows + n, bad + parsed.bad_rows
+        for src, dst, arr in zip(tmp, final, arrays, strict=True):
             arr.flush()
-            os.replace(src, dst)
+            if rows == index.num_lines:
+                os.replace(src, dst)
+                continue
+            # Rows were skipped: copy the filled prefix into a file of the exact size.
+            exact = np.lib.format.open_memmap(
+                f"{src}.exact", "w+", arr.dtype, (rows, *arr.shape[1:])
+            )
+            for lo in range(0, rows, _COPY_ROWS):
+                exact[lo : lo + _COPY_ROWS] = arr[lo : min(lo + _COPY_ROWS, rows)]
+            exact.flush()
+            os.replace(f"{src}.exact", dst)
+    finally:
+        for leftover in (name for src in tmp for name in (src, f"{src}.exact")):
+            if os.path.exists(leftover):
+                os.remove(leftover)
     if bad:
         logger.warning("%s: skipped %d bad rows (on_bad_row='skip')", path, bad)
     return {"rows": rows, "bad_rows": bad}
@@ -143,14 +143,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--block-size", type=int, default=DEFAULT_BLOCK_SIZE, help="bytes per block"
     )
     args = parser.parse_args(argv)
-    sizes = [int(s) for s in args.num_embeddings.split(",")]
-    meta = preprocess(
-        args.inputs,
-        args.out,
-        sizes[0] if len(sizes) == 1 else sizes,
-        args.on_bad_row,
-        args.block_size,
-    )
+    try:
+        sizes = [int(s) for s in args.num_embeddings.split(",")]
+        meta = preprocess(
+            args.inputs,
+            args.out,
+            sizes[0] if len(sizes) == 1 else sizes,
+            args.on_bad_row,
+            args.block_size,
+        )
+    except (OSError, ValueError) as e:  # bad input: say what and where, without a traceback
+        parser.exit(1, f"criteo_preprocess: error: {e}\n")
     for day, info in meta["days"].items():  # type: ignore[union-attr]
         print(f"{day}: {info['rows']} rows, {info['bad_rows']} bad rows skipped")
 

@@ -360,7 +360,7 @@ def parse_block(
         reason = "empty line" if not text.strip() else explain_line(text.decode(errors="replace"))
         raise CriteoFormatError(
             f"{path}: line {first_line + line + 1}: {reason} "
-            "(data.options.on_bad_row='skip' skips and counts such rows)"
+            "(on_bad_row='skip', or --on-bad-row skip, skips and counts such rows)"
         )
     keep = ~bad
     return ParsedRows(

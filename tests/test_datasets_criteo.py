@@ -21,8 +21,8 @@ from shadowsync.datasets import (
     build_dataset,
     write_criteo_tsv,
 )
+from shadowsync.datasets.criteo_npy import npy_paths
 from shadowsync.datasets.criteo_preprocess import main as preprocess_main
-from shadowsync.datasets.criteo_preprocess import npy_paths
 
 HEX = "0a1b2c3d"
 
@@ -221,6 +221,24 @@ def test_tsv_to_npy_to_loader_gives_the_same_batches(days: list[str], tmp_path: 
     val = list(npy.eval_batches(100, 0, 1))  # val: the first ceil(n / 2) rows of the last day
     assert npy.num_rows("eval") == math.ceil(1203 / 2)
     assert_same(val, read_all(direct, "eval", batch_size=100)[: len(val)])
+
+
+def test_preprocess_skips_bad_rows_into_exact_files(tmp_path: Path) -> None:
+    path, out = str(tmp_path / "day_0"), str(tmp_path / "npy")
+    write_criteo_tsv(SyntheticCriteo(num_embeddings=1000), path, 2000, bad_row_every=97)
+    with pytest.raises(SystemExit):
+        preprocess_main(["--out", out, path])
+    assert os.listdir(out) == []  # nothing half-written is left behind
+    preprocess_main(["--out", out, "--on-bad-row", "skip", "--num-embeddings", "1000", path])
+    dense, sparse, labels = (np.load(p) for p in npy_paths(out, "day_0"))
+    assert len(dense) == len(sparse) == len(labels) == 2000 - 2000 // 97
+    rows = read_all(
+        tsv(path, eval_paths=path, on_bad_row="skip", num_embeddings=1000), "eval", 2000
+    )
+    (whole,) = rows
+    assert np.array_equal(dense, whole.dense_features.numpy())
+    assert np.array_equal(labels[:, 0], whole.labels.numpy())
+    assert np.array_equal(sparse.T.reshape(-1), whole.sparse_features.values().numpy())
 
 
 def test_npy_files_load_in_torchrec_and_shares(days: list[str], tmp_path: Path) -> None:
