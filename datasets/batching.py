@@ -57,6 +57,7 @@ class WindowedDataset(RecDataset):
 
     Every pass deals batch windows to ranks with :func:`window_starts`; training windows are
     permuted per ``(seed, epoch)`` when ``shuffle`` is set, evaluation is always in order.
+    ``stats[split]`` counts ``batches`` and ``unread_tail_rows`` over all passes and ranks.
     """
 
     name: str

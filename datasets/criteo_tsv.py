@@ -434,6 +434,10 @@ class CriteoTSV(RecDataset):
         use_threads: let pyarrow parse a block on several threads.
         index_cache_dir: where the line index of local files is kept; ``None`` keeps it only
             in memory.
+
+    ``stats[split]`` counts, over all passes and ranks of this object: ``bad_rows`` skipped,
+    ``batches`` yielded, ``unread_tail_rows`` (the last partial global batch, per pass) and
+    ``empty_files`` skipped.
     """
 
     name = "criteo_tsv"
