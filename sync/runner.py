@@ -277,24 +277,22 @@ class SyncRunner(abc.ABC):
         )
 
     def state_dict(self) -> dict[str, Any]:
-        """Strategy state plus step/round counters (rank-consistent; see subclasses for when)."""
+        """Strategy state plus the telemetry counters (rank-consistent; see subclasses for when).
+
+        The step counter matters beyond telemetry: fixed-rate rounds are scheduled on it.
+        """
         self._init_strategy()
-        with self._lock:
-            c = self._counters
-            return {"strategy": self._strategy.state_dict(), "steps": c.steps,
-                    "rounds": c.rounds, "syncs_applied": c.syncs_applied,
-                    "last_apply_step": c.last_apply_step}
+        counters = dataclasses.asdict(self._counters)
+        counters["wall_seconds"] = self.stats().wall_seconds
+        return {"strategy": self._strategy.state_dict(), "counters": counters}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` output; only while stopped, after the replica is restored."""
-        if self._running:
-            raise RuntimeError("load_state_dict() while running: call it before start()")
+        """Restore :meth:`state_dict` output, after the replica itself has been restored."""
         self._init_strategy()
         self._strategy.load_state_dict(state_dict["strategy"])
-        c = self._counters
-        c.steps, c.rounds = int(state_dict["steps"]), int(state_dict["rounds"])
-        c.syncs_applied = int(state_dict["syncs_applied"])
-        c.last_apply_step = int(state_dict["last_apply_step"])
+        self._counters = _Counters(**state_dict["counters"])
+        if self._running:
+            self._started_at = time.perf_counter()
 
     # ------------------------------------------------------------------ shared machinery
     def _init_strategy(self) -> None:
@@ -442,7 +440,8 @@ class FixedRateSyncRunner(SyncRunner):
     rounding of ``x + (mean - x)`` versus ``mean``).
 
     Every rank must call :meth:`SyncRunner.step` the same number of times. State is
-    rank-consistent after any step, so :meth:`SyncRunner.state_dict` may be called while running.
+    rank-consistent after any step, so :meth:`SyncRunner.state_dict` and ``load_state_dict`` may
+    be called while running.
     """
 
     def __init__(self, params: Sequence[Tensor], strategy: SyncStrategy,
@@ -521,8 +520,8 @@ class ShadowSyncRunner(SyncRunner):
     ``deadline_s``, ``step()`` also raises when no round has completed for that long.
 
     :meth:`SyncRunner.state_dict` is only rank-consistent while stopped (each rank's thread is at
-    a different point of its round); it raises while running: ``stop(final_sync=False)``,
-    checkpoint, ``start()``.
+    a different point of its round), so it and ``load_state_dict`` raise while running:
+    ``stop(final_sync=False)``, checkpoint or restore, ``start()``.
     """
 
     def __init__(self, params: Sequence[Tensor], strategy: SyncStrategy,
@@ -591,10 +590,17 @@ class ShadowSyncRunner(SyncRunner):
             self._consensus()
 
     def state_dict(self) -> dict[str, Any]:
-        if self._thread is not None:
-            raise RuntimeError("state_dict() while the sync thread runs is not consistent across "
-                               "ranks: stop(final_sync=False), checkpoint, then start() again")
+        self._require_stopped("state_dict()")
         return super().state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._require_stopped("load_state_dict()")
+        super().load_state_dict(state_dict)
+
+    def _require_stopped(self, what: str) -> None:
+        if self._thread is not None:
+            raise RuntimeError(f"{what} while the sync thread runs would not be consistent across "
+                               "ranks: stop(final_sync=False), checkpoint or restore, start()")
 
     # ------------------------------------------------------------------ training-thread side
     def _check_health(self) -> None:
