@@ -311,3 +311,22 @@ def test_failing_rank_fails_the_job_with_its_error(tmp_path: Path) -> None:
     assert any(line.startswith("[1]:") and "rank 1 gave up on purpose" in line
                for line in lines), "".join(lines)[-4000:]
     assert "Root Cause" in "".join(lines)
+
+
+@pytest.mark.usefixtures("venv_on_path")
+def test_preprocess_runs_the_criteo_cli(tmp_path: Path) -> None:
+    from shadowsync.datasets.synthetic import SyntheticCriteo, write_criteo_tsv
+
+    day = tmp_path / "in dir" / "day_0"
+    day.parent.mkdir()
+    write_criteo_tsv(SyntheticCriteo(num_embeddings=1000, num_train_examples=4096), str(day), 500)
+    app = preprocess(str(day), out=str(tmp_path / "npy"), num_embeddings="1000")
+    with get_runner() as runner:
+        handle = runner.run(app, "local_cwd", cfg={"log_dir": str(tmp_path / "logs")})
+        status = _wait(runner, handle, timeout_s=90)
+        log = "".join(runner.log_lines(handle, "criteo_preprocess", k=0))
+    assert status.state == AppState.SUCCEEDED, log[-4000:]
+    assert "500 rows" in log
+    assert {"day_0_dense.npy", "day_0_sparse.npy", "day_0_labels.npy"} <= {
+        p.name for p in (tmp_path / "npy").iterdir()
+    }
