@@ -65,6 +65,9 @@ class SyncConfig:
 
     ``ma``, ``easgd`` and ``bmuf`` are ShadowSync strategies, run in the background
     (``mode: shadow``) or blocking every ``period`` steps (``mode: fixed_rate``).
+    ``backend`` carries the synchronizer's own process group. It defaults to gloo on GPUs too:
+    NCCL does not promise that collectives issued from two threads on two communicators of one
+    device make progress, and the shadow thread does exactly that beside training's NCCL.
     """
 
     algorithm: SyncAlgorithm = "none"
@@ -78,6 +81,7 @@ class SyncConfig:
     max_comm_share: float | None = None
     final_sync: bool = True
     timeout_s: float = 300.0
+    backend: Literal["gloo", "nccl"] = "gloo"
 
 
 @dataclass
@@ -97,6 +101,25 @@ class EvalConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    """Where and how often to checkpoint (any path fsspec reaches); ``resume`` picks the newest
+    complete checkpoint in ``dir`` at start."""
+
+    dir: str | None = None
+    every_steps: int | None = None
+    keep: int | None = 2
+    resume: bool = True
+
+
+@dataclass
+class LoggingConfig:
+    """Training metrics (TorchRec's ``RecMetricModule``) over a window of recent examples."""
+
+    window_examples: int = 100_000
+    progress_bar: bool = True
+
+
+@dataclass
 class RunConfig:
     """The whole run; ``output_dir`` receives the resolved config and the metrics."""
 
@@ -107,6 +130,8 @@ class RunConfig:
     sync: SyncConfig = field(default_factory=SyncConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
     output_dir: str | None = None
 
     def validate(self) -> None:
@@ -124,6 +149,9 @@ class RunConfig:
             "eval.every_steps": self.eval.every_steps,
             "eval.max_batches": self.eval.max_batches,
             "sharding.min_partition": self.sharding.min_partition,
+            "checkpoint.every_steps": self.checkpoint.every_steps,
+            "checkpoint.keep": self.checkpoint.keep,
+            "logging.window_examples": self.logging.window_examples,
         }
         for key, value in {**positive, **optional_positive}.items():
             if value is not None and value <= 0:
@@ -135,6 +163,8 @@ class RunConfig:
         }.items():
             if value <= 0:
                 raise ValueError(f"{key} must be positive, got {value}")
+        if self.checkpoint.every_steps is not None and self.checkpoint.dir is None:
+            raise ValueError("checkpoint.every_steps needs checkpoint.dir")
         s = self.sync
         if not 0 < s.alpha <= 1:
             raise ValueError(f"sync.alpha must be in (0, 1], got {s.alpha}")

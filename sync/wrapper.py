@@ -75,8 +75,12 @@ class ReplicaHooks:
     def after_step(self) -> None:
         """Called between steps (after the optimizer step, before the next forward)."""
 
-    def pause(self) -> None:
-        """Called before evaluation or checkpointing: replicas must hold still."""
+    def pause(self, consensus: bool) -> None:
+        """Called before evaluation, checkpointing or restoring: replicas must hold still.
+
+        With ``consensus`` the replicas end identical (the model evaluated or saved is one
+        model, and an interrupted run resumes exactly where an uninterrupted one would be).
+        """
 
     def resume(self) -> None:
         """Called after :meth:`pause`."""
@@ -153,6 +157,8 @@ class ShadowSyncReplicas(LocalReplicas):
         self.cfg = cfg
         self.runner: SyncRunner | None = None
         self._running = False
+        self._finished = False
+        self._steps_since_consensus = 0
 
     @classmethod
     def from_config(cls, cfg: SyncConfig) -> ShadowSyncReplicas:
@@ -162,7 +168,7 @@ class ShadowSyncReplicas(LocalReplicas):
     def wrap(self, dmp: DistributedModelParallel, env: ShardingEnv, device: torch.device) -> None:
         super().wrap(dmp, env, device)
         cfg = self.cfg
-        backend = "nccl" if device.type == "cuda" else "gloo"
+        backend = cfg.backend if device.type == "cuda" else "gloo"
         group = new_sync_group(backend, timedelta(seconds=cfg.timeout_s))
         params = list(self.params.values())
         if cfg.mode == "fixed_rate":
@@ -186,23 +192,26 @@ class ShadowSyncReplicas(LocalReplicas):
 
     def after_step(self) -> None:
         self._runner().step()
+        self._steps_since_consensus += 1
 
-    def pause(self) -> None:
-        # Shadow rounds would keep moving the replicas under an evaluation; fixed-rate ones
-        # only run inside step(), so only the shadow thread needs stopping.
-        if self._running and self.cfg.mode == "shadow":
-            self._runner().stop(final_sync=False)
+    def pause(self, consensus: bool) -> None:
+        # A consensus right after another (say a checkpoint at the last step, then finish())
+        # would be a second strategy round on identical replicas; BMUF's would still move them.
+        consensus = consensus and self.cfg.final_sync and self._steps_since_consensus > 0
+        if self._running:
+            self._runner().stop(final_sync=consensus)
             self._running = False
+            if consensus:
+                self._steps_since_consensus = 0
 
     def resume(self) -> None:
-        if not self._running and self.cfg.mode == "shadow":
+        if not self._running and not self._finished:
             self._runner().start()
             self._running = True
 
     def finish(self) -> None:
-        if self._running:
-            self._runner().stop(final_sync=self.cfg.final_sync)
-            self._running = False
+        self.pause(consensus=True)
+        self._finished = True
 
     def stats(self) -> dict[str, float]:
         s = self._runner().stats()

@@ -1,0 +1,181 @@
+"""Builds a sharded DLRM run: the process group, the model under DistributedModelParallel with a
+planned sharding, and its optimizers. The training loop lives in :mod:`.trainer`."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+from torchrec.distributed.sharding_plan import get_default_sharders
+from torchrec.distributed.types import ShardingPlan
+from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
+
+from shadowsync.datasets import DataSpec
+from shadowsync.models import build_dlrm
+from shadowsync.pipelines.config import ROW_WISE_FAMILY, RunConfig
+from shadowsync.sync.wrapper import (
+    DDPReplicas,
+    LocalReplicas,
+    data_parallel_table_parameters,
+    dense_parameters,
+)
+
+_SPARSE_OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
+    "rowwise_adagrad": RowWiseAdagrad,
+    "adagrad": torch.optim.Adagrad,
+    "sgd": torch.optim.SGD,
+}
+_DENSE_OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
+    "adagrad": torch.optim.Adagrad,
+    "adam": torch.optim.Adam,
+    "sgd": torch.optim.SGD,
+}
+CPU_SHARDING_TYPES = ("table_wise", "column_wise", "table_column_wise", "data_parallel")
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def init_distributed(timeout_s: float) -> DistEnv:
+    """Joins the job torchrun (or torchx) started; alone, starts a world of one on loopback."""
+    if "RANK" not in os.environ and not dist.is_initialized():
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        device, backend = torch.device(f"cuda:{local_rank}"), "nccl"
+        torch.cuda.set_device(device)
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+    return DistEnv(dist.get_rank(), dist.get_world_size(), local_rank, device, backend)
+
+
+def make_replica_wrapper(cfg: RunConfig) -> LocalReplicas | DDPReplicas:
+    """The ``sync.algorithm`` setting: ``ddp``, ``none`` or a ShadowSync strategy."""
+    algorithm = cfg.sync.algorithm
+    if algorithm == "ddp":
+        return DDPReplicas()
+    if algorithm == "none":
+        return LocalReplicas()
+    from shadowsync.sync.wrapper import ShadowSyncReplicas
+
+    return ShadowSyncReplicas.from_config(cfg.sync)
+
+
+def _constraints(cfg: RunConfig, spec: DataSpec, device: torch.device) -> dict[str, Any]:
+    types = list(cfg.sharding.types)
+    if device.type == "cpu":
+        bad = [t for t in types if t in ROW_WISE_FAMILY]
+        if bad:
+            raise ValueError(
+                f"sharding.types: {bad} need CUDA (TorchRec offers the row-wise family only on "
+                f"GPUs); on CPU choose from {list(CPU_SHARDING_TYPES)}"
+            )
+        types = types or list(CPU_SHARDING_TYPES)
+    kernels = None if cfg.sharding.compute_kernel == "auto" else [cfg.sharding.compute_kernel]
+    return {
+        f"t_{name}": ParameterConstraints(
+            sharding_types=types or None,
+            compute_kernels=kernels,
+            min_partition=cfg.sharding.min_partition,
+        )
+        for name in spec.sparse_names
+    }
+
+
+def build_sharded_model(
+    cfg: RunConfig, spec: DataSpec, env: DistEnv, wrapper: LocalReplicas | DDPReplicas
+) -> tuple[DistributedModelParallel, ShardingPlan]:
+    """Builds the model on ``meta``, plans its sharding and lets DMP materialize each rank's part.
+
+    The embedding optimizer is fused into backward; the dense replicas go to ``wrapper``.
+    """
+    torch.manual_seed(cfg.train.seed)
+    model = build_dlrm(
+        cfg.model, len(spec.dense_names), spec.sparse_names, spec.num_embeddings,
+        torch.device("meta"),
+    )
+    sparse_kwargs: dict[str, Any] = {"lr": cfg.optim.sparse_lr}
+    if cfg.optim.sparse != "sgd":
+        sparse_kwargs["eps"] = cfg.optim.eps
+    apply_optimizer_in_backward(
+        _SPARSE_OPTIMIZERS[cfg.optim.sparse],
+        model.model.sparse_arch.embedding_bag_collection.parameters(),
+        sparse_kwargs,
+    )
+    topology = Topology(
+        world_size=env.world_size,
+        compute_device=env.device.type,
+        local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size)),
+    )
+    planner = EmbeddingShardingPlanner(
+        topology=topology,
+        batch_size=cfg.train.batch_size,
+        constraints=_constraints(cfg, spec, env.device),
+    )
+    sharders = get_default_sharders()
+    plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
+    dmp = DistributedModelParallel(
+        module=model,
+        device=env.device,
+        plan=plan,
+        sharders=sharders,
+        data_parallel_wrapper=wrapper,
+    )
+    return dmp, plan
+
+
+def _keyed(
+    params: dict[str, nn.Parameter], cls: type[torch.optim.Optimizer], lr: float, eps: float
+) -> KeyedOptimizerWrapper:
+    kwargs: dict[str, Any] = {"lr": lr} if cls is torch.optim.SGD else {"lr": lr, "eps": eps}
+    return KeyedOptimizerWrapper(params, lambda ps: cls(ps, **kwargs))
+
+
+def build_optimizer(cfg: RunConfig, dmp: DistributedModelParallel) -> CombinedOptimizer:
+    """The fused embedding optimizer (applied in backward), the dense optimizer, and the
+    embedding optimizer again, unfused, for tables sharded ``data_parallel``."""
+    o = cfg.optim
+    parts: list[tuple[str, Any]] = [
+        ("sparse", dmp.fused_optimizer),
+        ("dense", _keyed(dense_parameters(dmp), _DENSE_OPTIMIZERS[o.dense], o.dense_lr, o.eps)),
+    ]
+    dp_tables = data_parallel_table_parameters(dmp)
+    if dp_tables:
+        parts.append(
+            ("dp_tables", _keyed(dp_tables, _SPARSE_OPTIMIZERS[o.sparse], o.sparse_lr, o.eps))
+        )
+    return CombinedOptimizer(parts)
+
+
+def plan_ranks(plan: ShardingPlan) -> dict[str, tuple[str, list[int]]]:
+    """Each table's sharding type and the ranks that hold it (from the plan)."""
+    return {
+        table: (ps.sharding_type, sorted(set(ps.ranks or [])))
+        for module_plan in plan.plan.values()
+        for table, ps in module_plan.items()  # type: ignore[union-attr]
+    }

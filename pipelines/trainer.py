@@ -1,0 +1,289 @@
+"""The train/eval loop: TorchRec's pipeline, the dense synchronizer's lifecycle, metrics and
+checkpoints."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torchrec.datasets.utils import Batch
+from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+from torchrec.metrics.metric_module import RecMetricModule, generate_metric_module
+from torchrec.metrics.metrics_config import (
+    MetricsConfig,
+    RecMetricDef,
+    RecMetricEnum,
+    RecTaskInfo,
+    ThroughputDef,
+)
+from tqdm import tqdm
+
+from shadowsync.datasets import RecDataset
+from shadowsync.pipelines import checkpoint
+from shadowsync.pipelines.build import (
+    DistEnv,
+    build_optimizer,
+    build_sharded_model,
+    make_replica_wrapper,
+)
+from shadowsync.pipelines.config import RunConfig
+from shadowsync.pipelines.metrics import gather_metrics
+from shadowsync.sync.wrapper import dense_parameters
+
+logger = logging.getLogger("shadowsync.train")
+
+_TASK = RecTaskInfo(name="ctr", label_name="label", prediction_name="prediction",
+                    weight_name="weight")
+
+
+def train_metric_module(cfg: RunConfig, env: DistEnv) -> RecMetricModule:
+    """TorchRec's metric module: NE, AUC and calibration over a window of recent examples, NE
+    and calibration over the whole run, and throughput; ``compute()`` reduces over all ranks."""
+    window = cfg.logging.window_examples
+    metrics = {
+        m: RecMetricDef(rec_tasks=[_TASK], window_size=window)
+        for m in (RecMetricEnum.NE, RecMetricEnum.AUC, RecMetricEnum.CALIBRATION)
+    }
+    return generate_metric_module(
+        RecMetricModule,
+        MetricsConfig(rec_tasks=[_TASK], rec_metrics=metrics, throughput_metric=ThroughputDef(),
+                      state_metrics=[]),
+        batch_size=cfg.train.batch_size,
+        world_size=env.world_size,
+        my_rank=env.rank,
+        state_metrics_mapping={},
+        device=env.device,
+    )
+
+
+class Trainer:
+    """Trains on TorchRec's ``TrainPipelineSparseDist`` and evaluates, checkpoints and resumes.
+
+    The dense synchronizer (the replica wrapper) sees the loop at four points: ``after_step``
+    between steps (ShadowSync adds a finished delta there), ``pause``/``resume`` around every
+    evaluation and checkpoint (with the final sync, so the model evaluated or saved is one
+    model), and ``finish`` at the end.
+
+    Example::
+
+        env = init_distributed(cfg.sync.timeout_s)
+        trainer = Trainer(cfg, env, build_dataset(cfg.data.name, **cfg.data.options))
+        trainer.maybe_resume()
+        summary = trainer.train()
+    """
+
+    def __init__(self, cfg: RunConfig, env: DistEnv, dataset: RecDataset) -> None:
+        self.cfg = cfg
+        self.env = env
+        self.dataset = dataset
+        self.wrapper = make_replica_wrapper(cfg)
+        self.dmp, self.plan = build_sharded_model(cfg, dataset.spec, env, self.wrapper)
+        self.optimizer = build_optimizer(cfg, self.dmp)
+        self.pipeline = TrainPipelineSparseDist(self.dmp, self.optimizer, env.device)
+        self.metrics = train_metric_module(cfg, env)
+        self.step = 0
+        self.epoch = 0
+        self.epoch_step = 0
+        self.last_saved = -1
+        self.history: list[dict[str, Any]] = []
+        self.out_dir = Path(cfg.output_dir) if cfg.output_dir else None
+
+    # ------------------------------------------------------------------ records
+    def _log(self, record: dict[str, Any]) -> None:
+        self.history.append(record)
+        if self.env.rank == 0:
+            logger.info(json.dumps(record))
+            if self.out_dir is not None:
+                with open(self.out_dir / "metrics.jsonl", "a") as f:
+                    f.write(json.dumps(record) + "\n")
+
+    def _train_record(self, loss: float) -> dict[str, Any]:
+        """Collective: TorchRec's metric module reduces its state over all ranks."""
+        computed = self.metrics.compute()
+        names = {
+            "ne-ctr|window_ne": "ne",
+            "ne-ctr|lifetime_ne": "lifetime_ne",
+            "auc-ctr|window_auc": "auc",
+            "calibration-ctr|window_calibration": "calibration",
+            "throughput-throughput|window_throughput": "examples_per_s",
+            "throughput-throughput|total_examples": "examples",
+        }
+        record: dict[str, Any] = {"step": self.step, "loss": loss}
+        record.update({short: float(computed[k]) for k, short in names.items() if k in computed})
+        record.update({f"sync_{k}": v for k, v in self.wrapper.stats().items()})
+        return record
+
+    # ------------------------------------------------------------------ eval
+    def evaluate(self) -> dict[str, float]:
+        """Exact metrics over the whole eval split: every rank's predictions, gathered."""
+        self.wrapper.pause(consensus=True)
+        self.dmp.eval()
+        batches: Iterator[Batch] = self.dataset.eval_batches(
+            self.cfg.eval.batch_size, self.env.rank, self.env.world_size
+        )
+        if self.cfg.eval.max_batches is not None:
+            batches = itertools.islice(batches, self.cfg.eval.max_batches)
+        logits, labels = [], []
+        with torch.no_grad():
+            while True:
+                try:
+                    _, out_logits, out_labels = self.pipeline.progress(batches)
+                except StopIteration:
+                    break
+                logits.append(out_logits.float())
+                labels.append(out_labels.float())
+        self.dmp.train()
+        self.wrapper.resume()
+        empty = torch.empty(0, device=self.env.device)
+        return gather_metrics(torch.cat(logits) if logits else empty,
+                              torch.cat(labels) if labels else empty)
+
+    # ------------------------------------------------------------------ checkpoints
+    def _sharded_state(self) -> dict[str, Any]:
+        return {"model": self.dmp.state_dict(),
+                "sparse_optimizer": self.dmp.fused_optimizer.state_dict()}
+
+    def _local_state(self) -> dict[str, Any]:
+        optimizers = {name: opt.state_dict() for name, opt in self.optimizer.optimizers
+                      if name != "sparse"}
+        return {
+            "step": self.step,
+            "epoch": self.epoch,
+            "epoch_step": self.epoch_step,
+            "dense": {n: p.detach().clone() for n, p in dense_parameters(self.dmp).items()},
+            "optimizers": optimizers,
+            "sync": self.wrapper.state_dict(),
+            "rng": torch.get_rng_state(),
+        }
+
+    def save_checkpoint(self) -> None:
+        """Collective; the synchronizer is paused with the final sync while the state is read."""
+        root = self.cfg.checkpoint.dir
+        if root is None or self.last_saved == self.step:
+            return
+        self.wrapper.pause(consensus=True)
+        path = checkpoint.save(root, self.step, self._sharded_state(), self._local_state(),
+                               keep=self.cfg.checkpoint.keep)
+        self.wrapper.resume()
+        self.last_saved = self.step
+        self._log({"step": self.step, "checkpoint": path})
+
+    def maybe_resume(self) -> bool:
+        """Restores the newest complete checkpoint in ``checkpoint.dir``, if resuming is on."""
+        root = self.cfg.checkpoint.dir
+        if root is None or not self.cfg.checkpoint.resume:
+            return False
+        found = checkpoint.latest(root)
+        if found is None:
+            return False
+        self.wrapper.pause(consensus=False)
+        sharded = self._sharded_state()
+        local = checkpoint.load(found, sharded)
+        self.dmp.load_state_dict(sharded["model"])
+        self.dmp.fused_optimizer.load_state_dict(sharded["sparse_optimizer"])
+        with torch.no_grad():
+            for name, p in dense_parameters(self.dmp).items():
+                p.copy_(local["dense"][name])
+        for name, opt in self.optimizer.optimizers:
+            if name != "sparse":
+                opt.load_state_dict(local["optimizers"][name])
+        self.wrapper.load_state_dict(local["sync"])
+        torch.set_rng_state(local["rng"])
+        self.step, self.epoch = int(local["step"]), int(local["epoch"])
+        self.epoch_step = int(local["epoch_step"])
+        self.last_saved = self.step
+        self.wrapper.resume()
+        self._log({"step": self.step, "resumed_from": found.path})
+        return True
+
+    # ------------------------------------------------------------------ train
+    def _segments(self) -> Iterator[Iterator[Batch]]:
+        """The training stream from the current data position, cut where evaluations fall (the
+        pipeline drains at each cut) and where the step budget ends."""
+        budget, every = self.cfg.train.steps, self.cfg.eval.every_steps
+        while self.epoch < self.cfg.train.epochs:
+            stream = itertools.islice(
+                self.dataset.train_batches(
+                    self.cfg.train.batch_size, self.env.rank, self.env.world_size, self.epoch
+                ),
+                self.epoch_step,
+                None,
+            )
+            while True:
+                limits = [x for x in (
+                    None if budget is None else budget - self.step,
+                    None if every is None else every - self.step % every,
+                ) if x is not None]
+                if limits and min(limits) <= 0:
+                    return
+                segment = itertools.islice(stream, min(limits)) if limits else stream
+                first = next(segment, None)
+                if first is None:
+                    break
+                yield itertools.chain([first], segment)
+            self.epoch += 1
+            self.epoch_step = 0
+
+    def train(self) -> dict[str, Any]:
+        cfg = self.cfg
+        every_ckpt = cfg.checkpoint.every_steps
+        total = cfg.train.steps
+        show_bar = self.env.rank == 0 and cfg.logging.progress_bar and sys.stderr.isatty()
+        bar = tqdm(total=total, initial=self.step, disable=not show_bar, unit="step",
+                   dynamic_ncols=True)
+        self.dmp.train()
+        train_time = 0.0
+        steps_timed = 0
+        loss_sum, loss_n = torch.zeros((), device=self.env.device), 0
+        for segment in self._segments():
+            t_seg = time.perf_counter()
+            while True:
+                try:
+                    loss, logits, labels = self.pipeline.progress(segment)
+                except StopIteration:
+                    break
+                self.wrapper.after_step()
+                self.step += 1
+                self.epoch_step += 1
+                steps_timed += 1
+                self.metrics.update({"prediction": torch.sigmoid(logits), "label": labels,
+                                     "weight": torch.ones_like(labels)})
+                loss_sum += loss.detach()
+                loss_n += 1
+                bar.update(1)
+                if self.step % cfg.train.log_every == 0:
+                    record = self._train_record(float(loss_sum) / loss_n)
+                    bar.set_postfix(loss=f"{record['loss']:.4f}", ne=f"{record.get('ne', 0):.4f}",
+                                    ex_s=f"{record.get('examples_per_s', 0):,.0f}")
+                    self._log(record)
+                    loss_sum.zero_()
+                    loss_n = 0
+                if every_ckpt and self.step % every_ckpt == 0:
+                    train_time += time.perf_counter() - t_seg
+                    self.save_checkpoint()
+                    t_seg = time.perf_counter()
+            train_time += time.perf_counter() - t_seg
+            if cfg.eval.every_steps and self.step % cfg.eval.every_steps == 0:
+                metrics = self.evaluate()
+                self._log({"step": self.step, **{f"eval_{k}": v for k, v in metrics.items()}})
+        bar.close()
+        self.wrapper.finish()
+        self.save_checkpoint()
+        final = self.evaluate()
+        examples = cfg.train.batch_size * self.env.world_size * steps_timed
+        summary = {
+            "step": self.step,
+            "examples_per_s": examples / max(train_time, 1e-9),
+            "train_seconds": train_time,
+            **{f"eval_{k}": v for k, v in final.items()},
+            **{f"sync_{k}": v for k, v in self.wrapper.stats().items()},
+        }
+        self._log({"summary": True, **summary})
+        return summary
