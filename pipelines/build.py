@@ -86,7 +86,7 @@ def make_replica_wrapper(cfg: RunConfig) -> LocalReplicas | DDPReplicas:
     return ShadowSyncReplicas.from_config(cfg.sync)
 
 
-def _constraints(cfg: RunConfig, spec: DataSpec, device: torch.device) -> dict[str, Any]:
+def sharding_constraints(cfg: RunConfig, spec: DataSpec, device: torch.device) -> dict[str, Any]:
     types = list(cfg.sharding.types)
     if device.type == "cpu":
         bad = [t for t in types if t in ROW_WISE_FAMILY]
@@ -135,7 +135,7 @@ def build_sharded_model(
     planner = EmbeddingShardingPlanner(
         topology=topology,
         batch_size=cfg.train.batch_size,
-        constraints=_constraints(cfg, spec, env.device),
+        constraints=sharding_constraints(cfg, spec, env.device),
     )
     sharders = get_default_sharders()
     plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)

@@ -105,12 +105,12 @@ def test_cpu_sharding_types_train() -> None:
 
 
 def test_row_wise_is_refused_on_cpu_with_the_setting_named() -> None:
-    from shadowsync.pipelines.train import _constraints
+    from shadowsync.pipelines.build import sharding_constraints
 
     cfg = load_config("synthetic", ["sharding.types=[row_wise]"])
     spec = build_dataset("synthetic").spec
     with pytest.raises(ValueError, match="sharding.types"):
-        _constraints(cfg, spec, torch.device("cpu"))
+        sharding_constraints(cfg, spec, torch.device("cpu"))
 
 
 def test_shadowsync_in_the_trainer_syncs_while_training_and_ends_identical(
