@@ -262,17 +262,42 @@ def resolve_preset(path: str | Path) -> Path:
     raise ValueError(f"config {str(path)!r}: no such file and no such preset (presets: {known})")
 
 
+def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and key != "options":
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _read_tree(path: str | Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A YAML file as a tree, with its ``base:`` preset (if any) merged underneath it.
+
+    ``data.options`` is replaced, not merged: options belong to one data set.
+    """
+    resolved = resolve_preset(path)
+    if resolved in seen:
+        raise ValueError(f"{resolved}: 'base' presets form a cycle")
+    loaded = yaml.safe_load(resolved.read_text())
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ValueError(f"{resolved}: the top level must be a mapping")
+    base = loaded.pop("base", None)
+    if base is None:
+        return loaded
+    if not isinstance(base, str):
+        raise ValueError(f"{resolved}: base must name a preset or file, got {base!r}")
+    return _merge(_read_tree(base, (*seen, resolved)), loaded)
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """Reads a YAML file or preset (``yaml.safe_load``), applies ``key.sub=value`` overrides
-    (values parsed as YAML: ``4096``, ``null``, ``[a, b]``) and validates the result."""
-    tree: dict[str, Any] = {}
-    if path is not None:
-        path = resolve_preset(path)
-        text = path.read_text()
-        loaded = yaml.safe_load(text)
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ValueError(f"{path}: the top level must be a mapping")
-        tree = loaded or {}
+    """Reads a YAML file or preset (``yaml.safe_load``; ``base: <preset>`` inherits one),
+    applies ``key.sub=value`` overrides (values parsed as YAML: ``4096``, ``null``, ``[a, b]``)
+    and validates the result."""
+    tree: dict[str, Any] = {} if path is None else _read_tree(path)
     for item in overrides or []:
         key, sep, raw = item.partition("=")
         if not sep or not key:

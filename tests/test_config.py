@@ -56,3 +56,18 @@ def test_yaml_is_loaded_safely(tmp_path: Path) -> None:
     evil.write_text("output_dir: !!python/object/apply:os.system ['echo pwned']\n")
     with pytest.raises(yaml.YAMLError):
         load_config(evil)
+
+
+def test_base_presets_inherit_and_cycles_are_refused(tmp_path: Path) -> None:
+    cfg = load_config("bmuf_fixed_rate")
+    assert (cfg.sync.algorithm, cfg.sync.mode, cfg.sync.period) == ("bmuf", "fixed_rate", 10)
+    assert cfg.data.name == "movielens_1m" and cfg.model.over_arch_layer_sizes == [128, 64, 1]
+    child = tmp_path / "child.yaml"
+    child.write_text("base: movielens_1m\ndata:\n  name: synthetic\n  options: {seed: 3}\n")
+    merged = load_config(child)
+    assert merged.data.options == {"seed": 3}  # options are replaced, never mixed across sets
+    assert merged.sync.algorithm == "ma"
+    loop = tmp_path / "loop.yaml"
+    loop.write_text(f"base: {loop}\n")
+    with pytest.raises(ValueError, match="cycle"):
+        load_config(loop)
