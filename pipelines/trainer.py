@@ -183,6 +183,11 @@ class Trainer:
         found = checkpoint.latest(root)
         if found is None:
             return False
+        self.restore(found)
+        return True
+
+    def restore(self, found: checkpoint.CheckpointInfo) -> None:
+        """Loads a checkpoint into this trainer: model, optimizers, synchronizer, position."""
         self.wrapper.pause(consensus=False)
         sharded = self._sharded_state()
         local = checkpoint.load(found, sharded)
@@ -201,7 +206,6 @@ class Trainer:
         self.last_saved = self.step
         self.wrapper.resume()
         self._log({"step": self.step, "resumed_from": found.path})
-        return True
 
     # ------------------------------------------------------------------ train
     def _segments(self) -> Iterator[Iterator[Batch]]:
