@@ -51,6 +51,13 @@ def step_dir(root: str, step: int) -> str:
     return _join(root, f"step_{step:08d}")
 
 
+def complete_step(path: str) -> int | None:
+    """The step of the checkpoint directory ``path`` if it is complete, else None."""
+    m = _STEP_DIR.search(path.rstrip("/"))
+    fs, local = _fs_and_path(path)
+    return int(m.group(1)) if m and fs.exists(_join(local, MARKER)) else None
+
+
 def latest(root: str) -> CheckpointInfo | None:
     """The newest checkpoint under ``root`` that has its ``COMPLETE`` marker, or None."""
     fs, path = _fs_and_path(root)
@@ -58,9 +65,9 @@ def latest(root: str) -> CheckpointInfo | None:
         return None
     found = []
     for entry in fs.ls(path, detail=False):
-        m = _STEP_DIR.search(entry.rstrip("/"))
-        if m and fs.exists(_join(entry, MARKER)):
-            found.append(CheckpointInfo(path=_join(root, m.group(0)), step=int(m.group(1))))
+        step = complete_step(entry)
+        if step is not None:
+            found.append(CheckpointInfo(path=step_dir(root, step), step=step))
     return max(found, key=lambda c: c.step, default=None)
 
 
@@ -102,13 +109,9 @@ def save(
 
 def _prune(root: str, keep: int) -> None:
     fs, path = _fs_and_path(root)
-    complete = sorted(
-        (int(m.group(1)), entry)
-        for entry in fs.ls(path, detail=False)
-        if (m := _STEP_DIR.search(entry.rstrip("/"))) and fs.exists(_join(entry, MARKER))
-    )
-    for _, entry in complete[:-keep]:
-        fs.rm(entry, recursive=True)
+    steps = sorted(s for e in fs.ls(path, detail=False) if (s := complete_step(e)) is not None)
+    for step in steps[:-keep]:
+        fs.rm(_fs_and_path(step_dir(root, step))[1], recursive=True)
 
 
 def load(ckpt: CheckpointInfo, sharded: dict[str, Any]) -> dict[str, Any]:

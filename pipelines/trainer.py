@@ -94,6 +94,8 @@ class Trainer:
         self.last_saved = -1
         self.history: list[dict[str, Any]] = []
         self.out_dir = Path(cfg.output_dir) if cfg.output_dir else None
+        if self.out_dir is not None and env.rank == 0:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
 
     # ------------------------------------------------------------------ records
     def _log(self, record: dict[str, Any]) -> None:

@@ -14,6 +14,7 @@ from torch.distributed._shard.sharded_tensor import ShardedTensor
 from shadowsync.datasets import build_dataset
 from shadowsync.pipelines import checkpoint
 from shadowsync.pipelines.config import load_config
+from shadowsync.pipelines.evaluate import evaluate_checkpoint, find_checkpoint
 from shadowsync.pipelines.train import Trainer, init_distributed
 from shadowsync.sync.wrapper import dense_parameters
 from tests._dist import run_ranks
@@ -48,7 +49,10 @@ def _run(rank: int, world_size: int, root: str, algorithm: list[str]) -> dict[st
     assert resumed.step == 24
     at_resume = _state(resumed)
     after = resumed.train()
-    return {"full": full, "after": after, "straight": _state(straight),
+    cfg = load_config("synthetic", common + [f"checkpoint.dir={root}/straight"])
+    evaluated = evaluate_checkpoint(cfg, find_checkpoint(f"{root}/straight"), env,
+                                    build_dataset(cfg.data.name, **cfg.data.options))
+    return {"evaluated": evaluated, "full": full, "after": after, "straight": _state(straight),
             "resumed": _state(resumed), "saved": _state(interrupted), "at_resume": at_resume}
 
 
@@ -66,6 +70,10 @@ def test_resume_equals_uninterrupted_run(tmp_path: Path, algorithm: list[str]) -
             torch.testing.assert_close(r["resumed"][name], value, rtol=0, atol=0, msg=name)
         for key in ("eval_auc", "eval_ne", "eval_logloss", "eval_calibration", "step"):
             assert r["after"][key] == r["full"][key], key
+        # The evaluate CLI's path scores the saved model exactly as training's last eval did.
+        assert r["evaluated"]["step"] == 48
+        for key in ("auc", "ne", "logloss", "calibration"):
+            assert r["evaluated"][key] == r["full"][f"eval_{key}"], key
         # The restore is exact, and training went on from it.
         for name, value in r["saved"].items():
             torch.testing.assert_close(r["at_resume"][name], value, rtol=0, atol=0, msg=name)
