@@ -30,11 +30,12 @@ SMALL = [
 ]
 
 
-def _train(rank: int, world_size: int, runs: list[list[str]]) -> list[dict[str, Any]]:
+def _train(rank: int, world_size: int, runs: list[list[str]],
+           preset: str = "synthetic", common: list[str] = SMALL) -> list[dict[str, Any]]:
     env = init_distributed(60)
     out = []
     for overrides in runs:
-        cfg = load_config("synthetic", SMALL + overrides)
+        cfg = load_config(preset, common + overrides)
         dataset = build_dataset(cfg.data.name, **cfg.data.options)
         trainer = Trainer(cfg, env, dataset)
         summary = trainer.train()
@@ -128,3 +129,17 @@ def test_shadowsync_in_the_trainer_syncs_while_training_and_ends_identical(
     # finish() ran the final sync: both strategies leave bit-identical replicas.
     assert _spread(baselines, 2) == 0.0
     assert _spread(baselines, 3) == 0.0
+
+
+def test_movielens_two_ranks_beat_the_constant_predictor() -> None:
+    """Real data: a third of a pass of MovieLens-1M on 2 ranks, scored on the held-out last 10%
+    of ratings by time. NE < 1 means better than predicting the click rate for everyone."""
+    run = ["train.steps=300", "eval.every_steps=null", "train.log_every=1000",
+           "sync.algorithm=ma", "sync.mode=shadow"]
+    (result,), _ = run_ranks(functools.partial(_train, runs=[run], preset="movielens_1m",
+                                               common=[]), timeout_s=240)
+    summary = result["summary"]
+    # Measured 0.883 NE / 0.726 AUC after 300 steps; one full pass reaches ~0.84 / 0.76.
+    assert summary["eval_ne"] < 0.95, summary
+    assert summary["eval_auc"] > 0.68, summary
+    assert summary["eval_examples"] > 98_000  # (nearly) the whole eval split, both ranks
