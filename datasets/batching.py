@@ -2,9 +2,10 @@
 deciding which rows each rank reads so that all ranks step in lock-step.
 
 Sharding rule (all data sets but ``synthetic``): a split of ``N`` rows read with batch size
-``B`` by ``W`` ranks gives every rank ``N // (B * W)`` full batches. The remaining
+``B`` by ``W`` ranks gives every rank ``N // (B * W)`` full batches. In training, the remaining
 ``N % (B * W)`` rows (the last partial global batch) are not read in that pass; the count is
-returned by :func:`batches_per_rank`, kept in the data set's ``stats`` and logged.
+returned by :func:`batches_per_rank`, kept in the data set's ``stats`` and logged. Evaluation
+reads them too, as one shorter last batch per rank (:func:`tail_share`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,13 @@ def batches_per_rank(num_rows: int, batch_size: int, rank: int, world_size: int)
         raise ValueError(f"rank {rank} is not in a world of {world_size}")
     per_rank = num_rows // (batch_size * world_size)
     return per_rank, num_rows - per_rank * batch_size * world_size
+
+
+def tail_share(first: int, rows: int, rank: int, world_size: int) -> tuple[int, int]:
+    """Rank ``rank``'s contiguous part of ``rows`` rows starting at ``first``, as even as can be."""
+    base, extra = divmod(rows, world_size)
+    lo = first + rank * base + min(rank, extra)
+    return lo, lo + base + (1 if rank < extra else 0)
 
 
 def window_starts(
@@ -74,13 +82,23 @@ class WindowedDataset(RecDataset):
         """Rows ``[start, stop)`` of ``split`` as one batch."""
 
     def _pass(
-        self, split: str, batch_size: int, rank: int, world_size: int, seed: int | None
+        self, split: str, batch_size: int, rank: int, world_size: int, seed: int | None,
+        tail: bool = False,
     ) -> Iterator[Batch]:
-        starts, unread = window_starts(self.num_rows(split), batch_size, rank, world_size, seed)
+        num_rows = self.num_rows(split)
+        starts, unread = window_starts(num_rows, batch_size, rank, world_size, seed)
         for start in starts.tolist():
             yield self.fetch(split, start, start + batch_size)
-        self.stats[split].update(batches=len(starts), unread_tail_rows=unread)
-        report_pass(self.name, split, rank, len(starts), 0, unread)
+        batches = len(starts)
+        if tail and unread >= world_size:
+            # One more, shorter batch per rank (sizes differ by at most one row), so that
+            # evaluation scores every row; every rank still takes the same number of steps.
+            lo, hi = tail_share(num_rows - unread, unread, rank, world_size)
+            yield self.fetch(split, lo, hi)
+            batches += 1
+            unread = 0
+        self.stats[split].update(batches=batches, unread_tail_rows=unread)
+        report_pass(self.name, split, rank, batches, 0, unread)
 
     def train_batches(
         self, batch_size: int, rank: int, world_size: int, epoch: int = 0
@@ -89,7 +107,7 @@ class WindowedDataset(RecDataset):
         return self._pass("train", batch_size, rank, world_size, seed)
 
     def eval_batches(self, batch_size: int, rank: int, world_size: int) -> Iterator[Batch]:
-        return self._pass("eval", batch_size, rank, world_size, None)
+        return self._pass("eval", batch_size, rank, world_size, None, tail=True)
 
 
 def make_batch(

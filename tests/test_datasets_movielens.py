@@ -71,11 +71,17 @@ def test_ranks_read_disjoint_complete_shares(ml: MovieLens1M) -> None:
     for split in ("train", "eval"):
         read = ml.train_batches if split == "train" else ml.eval_batches
         whole = pairs(list(read(8192, 0, 1)))
-        shares = [pairs(list(read(4096, rank, 2))) for rank in (0, 1)]
-        assert len(shares[0]) == len(shares[1]) == ml.num_rows(split) // 8192 * 4096
+        batches = [list(read(4096, rank, 2)) for rank in (0, 1)]
+        assert len(batches[0]) == len(batches[1])  # lock-step: same number of steps
+        shares = [pairs(b) for b in batches]
         assert not set(shares[0]) & set(shares[1])
         assert sorted(shares[0] + shares[1]) == sorted(whole)
         assert len(set(whole)) == len(whole)
+        if split == "train":  # whole global batches only; the tail is counted, not read
+            assert len(shares[0]) == len(shares[1]) == ml.num_rows(split) // 8192 * 4096
+        else:  # evaluation scores every row: one shorter last batch per rank
+            assert len(whole) == ml.num_rows(split) == 100_020
+            assert abs(len(shares[0]) - len(shares[1])) <= 1
 
 
 def test_missing_package_is_explained(monkeypatch: pytest.MonkeyPatch) -> None:
