@@ -31,19 +31,25 @@ class DataSpec:
 class RecDataset(abc.ABC):
     """A source of CTR batches with disjoint per-rank shares.
 
-    ``train_batches`` and ``eval_batches`` are independent passes; each rank reads its own
-    share, and the shares of all ranks together cover the split exactly once.
+    :meth:`batches` reads one pass of a split (``train`` or ``eval``); each rank reads its own
+    share, the shares of all ranks together cover the split, and every rank gets the same
+    number of batches (TorchRec's all-to-alls run in lock-step).
     """
 
     spec: DataSpec
 
     @abc.abstractmethod
-    def train_batches(
-        self, batch_size: int, rank: int, world_size: int, epoch: int = 0
+    def batches(
+        self, split: str, batch_size: int, rank: int, world_size: int, epoch: int = 0
     ) -> Iterator[Batch]: ...
 
-    @abc.abstractmethod
-    def eval_batches(self, batch_size: int, rank: int, world_size: int) -> Iterator[Batch]: ...
+    def train_batches(
+        self, batch_size: int, rank: int, world_size: int, epoch: int = 0
+    ) -> Iterator[Batch]:
+        return self.batches("train", batch_size, rank, world_size, epoch)
+
+    def eval_batches(self, batch_size: int, rank: int, world_size: int) -> Iterator[Batch]:
+        return self.batches("eval", batch_size, rank, world_size)
 
     def describe(self) -> str:
         s = self.spec

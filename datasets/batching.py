@@ -100,14 +100,13 @@ class WindowedDataset(RecDataset):
         self.stats[split].update(batches=batches, unread_tail_rows=unread)
         report_pass(self.name, split, rank, batches, 0, unread)
 
-    def train_batches(
-        self, batch_size: int, rank: int, world_size: int, epoch: int = 0
+    def batches(
+        self, split: str, batch_size: int, rank: int, world_size: int, epoch: int = 0
     ) -> Iterator[Batch]:
+        if split == "eval":
+            return self._pass("eval", batch_size, rank, world_size, None, tail=True)
         seed = self.seed * 1_000_003 + epoch if self.shuffle else None
-        return self._pass("train", batch_size, rank, world_size, seed)
-
-    def eval_batches(self, batch_size: int, rank: int, world_size: int) -> Iterator[Batch]:
-        return self._pass("eval", batch_size, rank, world_size, None, tail=True)
+        return self._pass(split, batch_size, rank, world_size, seed)
 
 
 def make_batch(

@@ -502,7 +502,10 @@ class CriteoTSV(RecDataset):
         """Lines of ``split`` (bad ones included)."""
         return sum(s.stop - s.start for s in self._splits[split])
 
-    def _batches(self, split: str, batch_size: int, rank: int, world_size: int) -> Iterator[Batch]:
+    def batches(
+        self, split: str, batch_size: int, rank: int, world_size: int, epoch: int = 0
+    ) -> Iterator[Batch]:
+        # Streaming: every epoch reads the files in the same order.
         per_rank, unread = batches_per_rank(self.num_rows(split), batch_size, rank, world_size)
         first = rank * per_rank * batch_size  # the rank's share: lines [first, last) of the split
         last = first + per_rank * batch_size
@@ -544,15 +547,6 @@ class CriteoTSV(RecDataset):
     def _to_batch(self, rows: ParsedRows) -> Batch:
         ids = hash_ids(rows.raw_ids, self._sizes)
         return make_batch(rows.dense, rows.labels, self.spec.sparse_names, ids)
-
-    def train_batches(
-        self, batch_size: int, rank: int, world_size: int, epoch: int = 0
-    ) -> Iterator[Batch]:
-        # Streaming: every epoch reads the files in the same order.
-        return self._batches("train", batch_size, rank, world_size)
-
-    def eval_batches(self, batch_size: int, rank: int, world_size: int) -> Iterator[Batch]:
-        return self._batches("eval", batch_size, rank, world_size)
 
 
 def _spans(files: list[FileIndex], start: int = 0, stop: int | None = None) -> list[_Span]:

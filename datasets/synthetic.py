@@ -122,7 +122,10 @@ class SyntheticCriteo(RecDataset):
         )
         return Batch(dense_features=dense, sparse_features=kjt, labels=labels), logit
 
-    def _batches(self, split: str, batch_size: int, rank: int, world_size: int) -> Iterator[Batch]:
+    def batches(
+        self, split: str, batch_size: int, rank: int, world_size: int, epoch: int = 0
+    ) -> Iterator[Batch]:
+        # Every epoch is the same stream: the planted data set is fixed, like a file on disk.
         if batch_size <= 0:
             raise ValueError(f"batch size must be positive, got {batch_size}")
         if not 0 <= rank < world_size:
@@ -132,15 +135,6 @@ class SyntheticCriteo(RecDataset):
         num_batches = self.num_examples[split] // batch_size // world_size * world_size
         for index in range(rank, num_batches, world_size):
             yield self._generate(split, index, batch_size)[0]
-
-    def train_batches(
-        self, batch_size: int, rank: int, world_size: int, epoch: int = 0
-    ) -> Iterator[Batch]:
-        # Each epoch is the same stream: the planted data set is fixed, like a file on disk.
-        return self._batches("train", batch_size, rank, world_size)
-
-    def eval_batches(self, batch_size: int, rank: int, world_size: int) -> Iterator[Batch]:
-        return self._batches("eval", batch_size, rank, world_size)
 
     def planted_logits(self, split: str, index: int, batch_size: int) -> torch.Tensor:
         """The ground-truth logits of one global batch (for tests and reports)."""
