@@ -58,17 +58,27 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def local_device() -> tuple[torch.device, str]:
+    """This rank's device and backend: ``cuda:LOCAL_RANK`` with NCCL if there is a GPU, else CPU
+    with gloo. Needs no process group, so a run can be checked against it before one starts."""
+    if torch.cuda.is_available():
+        return torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"), "nccl"
+    return torch.device("cpu"), "gloo"
+
+
 def init_distributed(timeout_s: float) -> DistEnv:
-    """Joins the job torchrun (or torchx) started; alone, starts a world of one on loopback."""
+    """Joins the job torchrun (or torchx) started; alone, starts a world of one on loopback.
+
+    ``timeout_s`` bounds every collective of the default group: a rank waiting for a dead or
+    stuck peer fails after it instead of hanging.
+    """
     if "RANK" not in os.environ and not dist.is_initialized():
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if torch.cuda.is_available():
-        device, backend = torch.device(f"cuda:{local_rank}"), "nccl"
+    device, backend = local_device()
+    if device.type == "cuda":
         torch.cuda.set_device(device)
-    else:
-        device, backend = torch.device("cpu"), "gloo"
     if not dist.is_initialized():
         dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
     return DistEnv(dist.get_rank(), dist.get_world_size(), local_rank, device, backend)
@@ -107,14 +117,11 @@ def sharding_constraints(cfg: RunConfig, spec: DataSpec, device: torch.device) -
     }
 
 
-def build_sharded_model(
-    cfg: RunConfig, spec: DataSpec, env: DistEnv, wrapper: LocalReplicas | DDPReplicas
-) -> tuple[DistributedModelParallel, ShardingPlan]:
-    """Builds the model on ``meta``, plans its sharding and lets DMP materialize each rank's part.
-
-    The embedding optimizer is fused into backward; the dense replicas go to ``wrapper``.
-    """
-    torch.manual_seed(cfg.train.seed)
+def _meta_model_and_planner(
+    cfg: RunConfig, spec: DataSpec, world_size: int, device: torch.device
+) -> tuple[nn.Module, EmbeddingShardingPlanner]:
+    """The model on ``meta`` with its embedding optimizer fused into backward, and a planner
+    for ``world_size`` ranks on ``device``."""
     model = build_dlrm(
         cfg.model, len(spec.dense_names), spec.sparse_names, spec.num_embeddings,
         torch.device("meta"),
@@ -128,15 +135,42 @@ def build_sharded_model(
         sparse_kwargs,
     )
     topology = Topology(
-        world_size=env.world_size,
-        compute_device=env.device.type,
-        local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size)),
+        world_size=world_size,
+        compute_device=device.type,
+        local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", world_size)),
     )
     planner = EmbeddingShardingPlanner(
         topology=topology,
         batch_size=cfg.train.batch_size,
-        constraints=sharding_constraints(cfg, spec, env.device),
+        constraints=sharding_constraints(cfg, spec, device),
     )
+    return model, planner
+
+
+def check_sharding(cfg: RunConfig, spec: DataSpec, world_size: int,
+                   device: torch.device) -> None:
+    """Plans the sharding once without any process group (~0.1 s), so that an impossible
+    setting fails before ranks meet, as a ``ValueError`` naming the ``sharding`` settings."""
+    model, planner = _meta_model_and_planner(cfg, spec, world_size, device)
+    try:
+        planner.plan(model, get_default_sharders())
+    except RuntimeError as e:  # TorchRec's planner reports infeasible constraints this way
+        raise ValueError(
+            f"sharding.types={list(cfg.sharding.types)}, sharding.compute_kernel="
+            f"{cfg.sharding.compute_kernel}, sharding.min_partition={cfg.sharding.min_partition}"
+            f": no feasible plan for {world_size} ranks on {device.type}: {e}"
+        ) from e
+
+
+def build_sharded_model(
+    cfg: RunConfig, spec: DataSpec, env: DistEnv, wrapper: LocalReplicas | DDPReplicas
+) -> tuple[DistributedModelParallel, ShardingPlan]:
+    """Builds the model on ``meta``, plans its sharding and lets DMP materialize each rank's part.
+
+    The embedding optimizer is fused into backward; the dense replicas go to ``wrapper``.
+    """
+    torch.manual_seed(cfg.train.seed)
+    model, planner = _meta_model_and_planner(cfg, spec, env.world_size, env.device)
     sharders = get_default_sharders()
     plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
     dmp = DistributedModelParallel(
