@@ -24,7 +24,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -41,6 +41,7 @@ __all__ = [
     "SyncError",
     "SyncRunner",
     "SyncStats",
+    "average_",
     "broadcast_",
     "new_sync_group",
 ]
@@ -167,10 +168,23 @@ def broadcast_(params: Sequence[Tensor], group: dist.ProcessGroup | None = None,
     Runners assume identical replicas at :meth:`SyncRunner.start` (the strategies' center and
     global model are taken from the local replica); this establishes it.
     """
+    _overwrite(params, lambda flat: dist.broadcast(flat, src=src, group=group))
+
+
+@torch.no_grad()
+def average_(params: Sequence[Tensor], group: dist.ProcessGroup | None = None) -> None:
+    """Overwrite every rank's ``params`` with their mean over ``group``, in one collective:
+    replicas that trained apart (a degraded synchronizer) become one again."""
+    _overwrite(params, lambda flat: (dist.all_reduce(flat, group=group),
+                                     flat.div_(dist.get_world_size(group))))
+
+
+def _overwrite(params: Sequence[Tensor], collective: Callable[[Tensor], object]) -> None:
+    """Run ``collective`` in place on the parameters flattened into one buffer; copy back."""
     _require_dist()
     params = _check_params(params)
     flat = torch.cat([p.detach().reshape(-1) for p in params])
-    dist.broadcast(flat, src=src, group=group)
+    collective(flat)
     torch._foreach_copy_(params, _views(flat, params))
 
 
@@ -255,6 +269,15 @@ class SyncRunner(abc.ABC):
     @abc.abstractmethod
     def stop(self, final_sync: bool = True) -> None:
         """Stop synchronizing on every rank; with ``final_sync`` replicas end bit-identical."""
+
+    def abandon(self) -> None:
+        """Local: stop using this runner without a collective, after it failed on some rank
+        (:meth:`stop` needs every rank for one more round; a failed peer has none). The runner
+        cannot be started again; its group is left to time out."""
+        with self._lock:
+            self._error = self._error or SyncError(f"rank {self._rank}: runner abandoned")
+        if self._running:
+            self._mark_stopped()
 
     def stats(self) -> SyncStats:
         """Telemetry of this rank so far."""
@@ -548,6 +571,7 @@ class ShadowSyncRunner(SyncRunner):
         self._posted: _Delta | None = None
         self._snapshot_step = 0
         self._last_progress = 0.0
+        self._abandoned = threading.Event()
 
     def start(self) -> None:
         super().start()
@@ -588,6 +612,16 @@ class ShadowSyncRunner(SyncRunner):
         self._boundary()  # the last round's delta, if the loop above missed it
         if final_sync:
             self._consensus()
+
+    def abandon(self) -> None:
+        """See :meth:`SyncRunner.abandon`. A thread waiting for a snapshot leaves at once; one
+        inside a collective leaves when its group's timeout expires; one stuck elsewhere (a
+        stalled strategy) is left behind, a daemon holding nothing the training loop needs."""
+        self._abandoned.set()
+        self._snapshot_ready.set()
+        self._wake.set()
+        super().abandon()
+        self._thread = None
 
     def state_dict(self) -> dict[str, Any]:
         self._require_stopped("state_dict()")
@@ -650,8 +684,12 @@ class ShadowSyncRunner(SyncRunner):
             if last is not None:
                 self._pace(*last)
             self._snapshot_ready.clear()
+            if self._abandoned.is_set():  # checked after clear(): abandon() sets both
+                return
             self._want_snapshot.set()
             self._snapshot_ready.wait()
+            if self._abandoned.is_set():
+                return
             began = time.perf_counter()
             delta, stop = self._round(self._stop_requested.is_set())
             ready = self._stream.record_event() if self._stream is not None else None
