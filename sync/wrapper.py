@@ -11,6 +11,7 @@ loop talks to all of them through the same small hooks (``after_step``, ``finish
 from __future__ import annotations
 
 import dataclasses
+import logging
 from datetime import timedelta
 from typing import Any
 
@@ -29,7 +30,9 @@ from shadowsync.pipelines.config import SyncConfig
 from shadowsync.sync.runner import (
     FixedRateSyncRunner,
     ShadowSyncRunner,
+    SyncError,
     SyncRunner,
+    average_,
     new_sync_group,
 )
 from shadowsync.sync.strategies import (
@@ -38,6 +41,8 @@ from shadowsync.sync.strategies import (
     ModelAveraging,
     SyncStrategy,
 )
+
+logger = logging.getLogger(__name__)
 
 
 def dense_parameters(dmp: nn.Module) -> dict[str, nn.Parameter]:
@@ -87,6 +92,15 @@ class ReplicaHooks:
 
     def finish(self) -> None:
         """Called once at the end of training, on every rank."""
+
+    def failed(self) -> bool:
+        """Whether synchronization failed on this rank and waits for :meth:`degrade`."""
+        return False
+
+    def degrade(self, ranks: list[int]) -> None:
+        """Called on every rank at the same step once the ranks agree that synchronization
+        failed on ``ranks``."""
+        del ranks
 
     def stats(self) -> dict[str, float]:
         return {}
@@ -142,6 +156,15 @@ class ShadowSyncReplicas(LocalReplicas):
     strategy blocking every ``period`` steps. The runner starts inside :meth:`wrap`, right
     after the broadcast that makes the replicas identical.
 
+    Failures (``sync.on_failure``): with ``raise`` a :class:`~.runner.SyncError` from a step
+    ends training. With ``degrade`` this rank keeps training its replica and reports
+    :meth:`failed`; once the ranks agree (the trainer's control exchange), :meth:`degrade`
+    drops the runner on every rank at the same step, and ``sync.rejoin_after_steps`` steps
+    later, or at the next :meth:`pause` if sooner, the ranks average their replicas on a fresh
+    group and start a fresh runner (strategy state such as BMUF momentum starts over). A
+    failure while pausing (the stop round or the final consensus) always raises: the ranks
+    may disagree on whether that round happened.
+
     Example::
 
         wrapper = ShadowSyncReplicas(SyncConfig(algorithm="ma", mode="shadow"))
@@ -156,9 +179,14 @@ class ShadowSyncReplicas(LocalReplicas):
         super().__init__()
         self.cfg = cfg
         self.runner: SyncRunner | None = None
+        self._backend = "gloo"
         self._running = False
         self._finished = False
         self._steps_since_consensus = 0
+        self._steps = 0
+        self._failed = False  # this rank's runner failed; the ranks have not agreed yet
+        self._rejoin_at: int | None = None
+        self._failures = 0
 
     @classmethod
     def from_config(cls, cfg: SyncConfig) -> ShadowSyncReplicas:
@@ -167,9 +195,14 @@ class ShadowSyncReplicas(LocalReplicas):
 
     def wrap(self, dmp: DistributedModelParallel, env: ShardingEnv, device: torch.device) -> None:
         super().wrap(dmp, env, device)
+        self._backend = self.cfg.backend if device.type == "cuda" else "gloo"
+        self._start_runner(self._new_group())
+
+    def _new_group(self) -> dist.ProcessGroup:
+        return new_sync_group(self._backend, timedelta(seconds=self.cfg.timeout_s))
+
+    def _start_runner(self, group: dist.ProcessGroup) -> None:
         cfg = self.cfg
-        backend = cfg.backend if device.type == "cuda" else "gloo"
-        group = new_sync_group(backend, timedelta(seconds=cfg.timeout_s))
         params = list(self.params.values())
         if cfg.mode == "fixed_rate":
             self.runner = FixedRateSyncRunner(params, make_strategy(cfg), group, period=cfg.period)
@@ -191,10 +224,50 @@ class ShadowSyncReplicas(LocalReplicas):
         return self.runner
 
     def after_step(self) -> None:
-        self._runner().step()
+        self._steps += 1
         self._steps_since_consensus += 1
+        if self._rejoin_at is not None:
+            if self._steps >= self._rejoin_at:
+                self._rejoin()
+            return
+        if self._failed:
+            return
+        try:
+            self._runner().step()
+        except SyncError as e:
+            if self.cfg.on_failure == "raise":
+                raise
+            self._failed = True
+            logger.warning("%s; training the local replica (sync.on_failure=degrade)", e)
+
+    def failed(self) -> bool:
+        return self._failed and self._rejoin_at is None
+
+    def degrade(self, ranks: list[int]) -> None:
+        self._runner().abandon()
+        self._running = False
+        self._failures += 1
+        self._rejoin_at = self._steps + self.cfg.rejoin_after_steps
+        if self.group is None or dist.get_rank(self.group) == 0:
+            logger.warning(
+                "synchronization failed on rank(s) %s: every rank trains its own replica and "
+                "rejoins in %d steps (sync.rejoin_after_steps) or at the next checkpoint or "
+                "evaluation", ranks, self.cfg.rejoin_after_steps)
+
+    def _rejoin(self) -> None:
+        """Collective: average the replicas over a fresh group and start a fresh runner."""
+        group = self._new_group()
+        average_(list(self.params.values()), group)
+        self._failed = False
+        self._rejoin_at = None
+        self._steps_since_consensus = 0
+        self._start_runner(group)
+        logger.info("rank %d: synchronization rejoined on a fresh group with averaged replicas",
+                    dist.get_rank())
 
     def pause(self, consensus: bool) -> None:
+        if self._rejoin_at is not None:
+            self._rejoin()
         # A consensus right after another (say a checkpoint at the last step, then finish())
         # would be a second strategy round on identical replicas; BMUF's would still move them.
         consensus = consensus and self.cfg.final_sync and self._steps_since_consensus > 0
@@ -215,7 +288,8 @@ class ShadowSyncReplicas(LocalReplicas):
 
     def stats(self) -> dict[str, float]:
         s = self._runner().stats()
-        return {k: float(v) for k, v in dataclasses.asdict(s).items()}
+        return {**{k: float(v) for k, v in dataclasses.asdict(s).items()},
+                "failures": float(self._failures)}
 
     def state_dict(self) -> dict[str, Any]:
         return self._runner().state_dict()
