@@ -58,15 +58,16 @@ def complete_step(path: str) -> int | None:
     return int(m.group(1)) if m and fs.exists(_join(local, MARKER)) else None
 
 
-def latest(root: str) -> CheckpointInfo | None:
-    """The newest checkpoint under ``root`` that has its ``COMPLETE`` marker, or None."""
+def latest(root: str, before: int | None = None) -> CheckpointInfo | None:
+    """The newest checkpoint under ``root`` that has its ``COMPLETE`` marker (and a step below
+    ``before``, if given: the fallback when the newest does not load), or None."""
     fs, path = _fs_and_path(root)
     if not fs.exists(path):
         return None
     found = []
     for entry in fs.ls(path, detail=False):
         step = complete_step(entry)
-        if step is not None:
+        if step is not None and (before is None or step < before):
             found.append(CheckpointInfo(path=step_dir(root, step), step=step))
     return max(found, key=lambda c: c.step, default=None)
 

@@ -26,7 +26,7 @@ from torchrec.metrics.metrics_config import (
 from tqdm import tqdm
 
 from shadowsync.datasets import RecDataset
-from shadowsync.pipelines import checkpoint
+from shadowsync.pipelines import checkpoint, faults
 from shadowsync.pipelines.build import (
     DistEnv,
     build_optimizer,
@@ -38,6 +38,11 @@ from shadowsync.pipelines.metrics import gather_metrics
 from shadowsync.sync.wrapper import dense_parameters
 
 logger = logging.getLogger("shadowsync.train")
+
+
+class CheckpointUnreadable(RuntimeError):
+    """A complete checkpoint could not be read on some rank (the message names the ranks)."""
+
 
 _TASK = RecTaskInfo(name="ctr", label_name="label", prediction_name="prediction",
                     weight_name="weight")
@@ -71,9 +76,15 @@ class Trainer:
     evaluation and checkpoint (with the final sync, so the model evaluated or saved is one
     model), and ``finish`` at the end.
 
+    Every ``train.control_every_steps`` steps the ranks agree (:class:`~.faults.Control`) on
+    whether to degrade a failed synchronizer and whether to stop: once SIGTERM reached any rank
+    (see :func:`~.faults.install_sigterm_handler`), every rank stops after the same step,
+    finishes the synchronizer, writes a checkpoint and returns a summary with
+    ``preempted: True`` (no final evaluation).
+
     Example::
 
-        env = init_distributed(cfg.sync.timeout_s)
+        env = init_distributed(cfg.train.pg_timeout_s)
         trainer = Trainer(cfg, env, build_dataset(cfg.data.name, **cfg.data.options))
         trainer.maybe_resume()
         summary = trainer.train()
@@ -87,6 +98,7 @@ class Trainer:
         self.dmp, self.plan = build_sharded_model(cfg, dataset.spec, env, self.wrapper)
         self.optimizer = build_optimizer(cfg, self.dmp)
         self.pipeline = TrainPipelineSparseDist(self.dmp, self.optimizer, env.device)
+        self.control = faults.Control(cfg.train.pg_timeout_s)
         self.metrics = train_metric_module(cfg, env)
         self.step = 0
         self.epoch = 0
@@ -178,21 +190,49 @@ class Trainer:
         self._log({"step": self.step, "checkpoint": path})
 
     def maybe_resume(self) -> bool:
-        """Restores the newest complete checkpoint in ``checkpoint.dir``, if resuming is on."""
+        """Restores the newest complete checkpoint in ``checkpoint.dir`` that loads on every
+        rank, if resuming is on.
+
+        A complete checkpoint that does not load (a corrupt or truncated file) is skipped with a
+        warning naming it, for the next older one: losing some steps beats losing the run, and
+        the previous checkpoint is kept for this (``checkpoint.keep`` >= 2). With none loadable,
+        raises naming the newest.
+        """
         root = self.cfg.checkpoint.dir
         if root is None or not self.cfg.checkpoint.resume:
             return False
         found = checkpoint.latest(root)
-        if found is None:
-            return False
-        self.restore(found)
-        return True
+        newest = found
+        while found is not None:
+            try:
+                self.restore(found)
+                return True
+            except CheckpointUnreadable as e:
+                logger.warning("rank %d: %s; trying an older checkpoint", self.env.rank, e)
+            found = checkpoint.latest(root, before=found.step)
+        if newest is not None:
+            raise CheckpointUnreadable(f"no complete checkpoint in {root} loads on every rank "
+                                       f"(newest: {newest.path})")
+        return False
 
     def restore(self, found: checkpoint.CheckpointInfo) -> None:
-        """Loads a checkpoint into this trainer: model, optimizers, synchronizer, position."""
+        """Loads a checkpoint into this trainer: model, optimizers, synchronizer, position.
+
+        Raises :class:`CheckpointUnreadable` on every rank, before any state but the embedding
+        tables changed, if any rank could not read its part.
+        """
         self.wrapper.pause(consensus=False)
         sharded = self._sharded_state()
-        local = checkpoint.load(found, sharded)
+        error: Exception | None = None
+        try:
+            local = checkpoint.load(found, sharded)
+        except Exception as e:  # any unreadable file; all ranks learn of it just below
+            error = e
+        (bad,) = self.control.ranks_with(error is not None)
+        if bad:
+            detail = f": {type(error).__name__}: {error}" if error is not None else ""
+            raise CheckpointUnreadable(
+                f"checkpoint {found.path} did not load on rank(s) {bad}{detail}") from error
         self.dmp.load_state_dict(sharded["model"])
         self.dmp.fused_optimizer.load_state_dict(sharded["sparse_optimizer"])
         with torch.no_grad():
@@ -237,7 +277,22 @@ class Trainer:
             self.epoch += 1
             self.epoch_step = 0
 
+    def _agree_to_stop(self) -> bool:
+        """Collective: degrades a failed synchronizer on every rank at once, and says whether
+        SIGTERM reached any rank (then every rank stops after this same step)."""
+        stop, sync_failed = self.control.ranks_with(faults.stop_requested(),
+                                                    self.wrapper.failed())
+        if sync_failed:
+            self.wrapper.degrade(sync_failed)
+        if stop and self.env.rank == 0:
+            where = (f"checkpointing to {self.cfg.checkpoint.dir}" if self.cfg.checkpoint.dir
+                     else "no checkpoint.dir: the work so far is lost")
+            logger.warning("SIGTERM reached rank(s) %s: every rank stops after step %d; %s",
+                           stop, self.step, where)
+        return bool(stop)
+
     def train(self) -> dict[str, Any]:
+        """Trains to ``train.steps`` (or the epochs' end) or until preempted; every rank."""
         cfg = self.cfg
         every_ckpt = cfg.checkpoint.every_steps
         total = cfg.train.steps
@@ -248,6 +303,7 @@ class Trainer:
         train_time = 0.0
         steps_timed = 0
         loss_sum, loss_n = torch.zeros((), device=self.env.device), 0
+        preempted = False
         for segment in self._segments():
             t_seg = time.perf_counter()
             while True:
@@ -271,21 +327,32 @@ class Trainer:
                     self._log(record)
                     loss_sum.zero_()
                     loss_n = 0
-                if every_ckpt and self.step % every_ckpt == 0:
+                ckpt_due = bool(every_ckpt) and self.step % every_ckpt == 0
+                # Agree before anything that pauses the synchronizer, so no rank pauses a
+                # runner that another rank has given up on.
+                if ckpt_due or self.step % cfg.train.control_every_steps == 0:
+                    preempted = self._agree_to_stop()
+                    if preempted:
+                        break
+                if ckpt_due:
                     train_time += time.perf_counter() - t_seg
                     self.save_checkpoint()
                     t_seg = time.perf_counter()
             train_time += time.perf_counter() - t_seg
+            preempted = preempted or self._agree_to_stop()  # an evaluation or the end follows
+            if preempted:
+                break
             if cfg.eval.every_steps and self.step % cfg.eval.every_steps == 0:
                 metrics = self.evaluate()
                 self._log({"step": self.step, **{f"eval_{k}": v for k, v in metrics.items()}})
         bar.close()
         self.wrapper.finish()
         self.save_checkpoint()
-        final = self.evaluate()
+        final = {} if preempted else self.evaluate()
         examples = cfg.train.batch_size * self.env.world_size * steps_timed
         summary = {
             "step": self.step,
+            **({"preempted": True} if preempted else {}),
             "examples_per_s": examples / max(train_time, 1e-9),
             "train_seconds": train_time,
             **{f"eval_{k}": v for k, v in final.items()},
