@@ -10,18 +10,28 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
 
-from shadowsync.datasets import build_dataset
-from shadowsync.pipelines.build import DistEnv, init_distributed, plan_ranks
+from shadowsync.datasets import RecDataset, build_dataset
+from shadowsync.pipelines import faults
+from shadowsync.pipelines.build import (
+    DistEnv,
+    check_sharding,
+    init_distributed,
+    local_device,
+    plan_ranks,
+)
 from shadowsync.pipelines.config import RunConfig, load_config, save_config
 from shadowsync.pipelines.trainer import Trainer
 
-__all__ = ["DistEnv", "Trainer", "init_distributed", "main", "plan_ranks", "run"]
+__all__ = ["DistEnv", "Trainer", "init_distributed", "main", "plan_ranks", "prepare", "run"]
 
 logger = logging.getLogger("shadowsync.train")
 
@@ -34,10 +44,18 @@ def _summary_table(summary: dict[str, Any]) -> str:
                      [f"{k:<{width}}  {v}" for k, v in rows])
 
 
-def run(cfg: RunConfig) -> dict[str, Any]:
-    """Trains with ``cfg`` in the current process group; returns the final summary."""
-    env = init_distributed(cfg.sync.timeout_s)
+def prepare(cfg: RunConfig) -> RecDataset:
+    """Everything that can be checked before ranks meet: the data set (its files, table sizes)
+    and a sharding plan for this launch's world size and device. Raises ``ValueError`` or
+    ``OSError`` naming the setting; no process group exists yet, so nothing is left waiting."""
     dataset = build_dataset(cfg.data.name, **cfg.data.options)
+    check_sharding(cfg, dataset.spec, int(os.environ.get("WORLD_SIZE", "1")), local_device()[0])
+    return dataset
+
+
+def run(cfg: RunConfig, dataset: RecDataset) -> dict[str, Any]:
+    """Trains with ``cfg`` in the current process group; returns the final summary."""
+    env = init_distributed(cfg.train.pg_timeout_s)
     if env.rank == 0:
         logger.info("%s; world %d on %s (%s)", dataset.describe(), env.world_size, env.device,
                     env.backend)
@@ -64,23 +82,51 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
     return load_config(args.config, args.overrides)
 
 
+@record
 def main(argv: list[str] | None = None) -> int:
+    """Exit codes: 0 done, 2 bad configuration, 143 preempted (see :mod:`.faults`); a failure
+    raises, after logging ``rank N failed: ...`` (``@record`` hands it to torchrun's summary).
+    """
     # TorchRec logs every pipeline refill at INFO on every rank; keep ours, quiet theirs.
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s",
                         stream=sys.stdout, force=True)
     logging.getLogger("shadowsync").setLevel(logging.INFO)
     try:
         cfg = parse_args(argv)
+        dataset = prepare(cfg)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    faults.install_sigterm_handler()
     try:
-        run(cfg)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        summary = run(cfg, dataset)
+    except Exception as e:  # no destroy_process_group(): it could wait on a peer that is gone
+        cause = faults.attribute_failure(e)
+        logger.error(faults.failure_message(cause))
+        if cause is e:
+            raise
+        raise cause from e
+    dist.destroy_process_group()
+    if summary.get("preempted"):
+        return faults.PREEMPTED_EXIT_CODE
     return 0
 
 
+def cli() -> NoReturn:
+    """The process entry point: exits with :func:`main`'s code, or with 1 at once on a failure.
+
+    After a failure a synchronizer thread may still sit in a collective with a dead peer, and
+    interpreter teardown could wait for it; ``@record`` already wrote the error file.
+    """
+    try:
+        code = main()
+    except Exception:
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    cli()
