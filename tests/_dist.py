@@ -92,4 +92,7 @@ def run_ranks(fn: Callable[[int, int], Any], *, world_size: int = 2, timeout_s: 
     failures = {r: payload for r, (ok, payload) in sorted(reported.items()) if not ok}
     if failures:
         raise AssertionError("\n".join(f"--- rank {r} failed:\n{tb}" for r, tb in failures.items()))
+    # Not weights_only: results come from this call's own children and include dataclasses
+    # (the runner tests return SyncStats); checkpoints, which may come from anywhere, load with
+    # weights_only=True (pipelines/checkpoint.py).
     return [torch.load(io.BytesIO(reported[r][1]), weights_only=False) for r in range(world_size)]

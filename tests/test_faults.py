@@ -1,0 +1,314 @@
+"""Fault injection on 2 CPU ranks: every fault ends within its bound, with the exit code and the
+message it should have, and leaves the last good checkpoint loadable.
+
+Jobs run as real ``torchrun`` (one under ``torchx run``, one with bare ``python -m`` ranks)
+subprocesses of ``tests/faulty_train.py``, which monkeypatches one fault into the unchanged
+training entry point (see its docstring); bad configurations go through ``main()`` in-process.
+Each job carries a marker in its environment, so a test can assert that no process outlived it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torchx.runner import get_runner
+from torchx.specs import AppState
+
+from shadowsync.pipelines import checkpoint, train
+from shadowsync.torchx_components.train import train as train_component
+from tests._dist import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent
+SMALL = [
+    "--config", "synthetic",
+    "data.options.num_embeddings=1000",
+    "train.batch_size=128",
+    "model.embedding_dim=8",
+    "model.dense_arch_layer_sizes=[16,8]",
+    "eval.batch_size=1024",
+    "eval.max_batches=2",
+    "eval.every_steps=null",
+    "train.log_every=1000",
+]
+JOB_TIMEOUT_S = 150  # a hard stop for any one job; the bounds asserted below are far tighter
+EXIT_BOUND_S = 30  # fault (or fault detected) -> every process gone; torchrun's grace is 30 s
+_FAULT = re.compile(r"FAULT \S+ rank \d+ at (\d+\.\d+)")
+
+
+@dataclass
+class Job:
+    rc: int
+    log: str
+    wall_s: float
+    end: float
+
+    def since_fault(self) -> float:
+        """Seconds from the injected fault to the end of the job."""
+        m = _FAULT.search(self.log)
+        assert m, self.log[-3000:]
+        return self.end - float(m.group(1))
+
+
+def _env(fault: str | None, marker: str) -> dict[str, str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "tests"),
+           "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}", "FAULT_TEST_JOB": marker}
+    env.pop("SHADOWSYNC_TEST_FAULT", None)
+    if fault is not None:
+        env["SHADOWSYNC_TEST_FAULT"] = fault
+    return env
+
+
+def _survivors(marker: str) -> list[int]:
+    """Processes whose environment carries this job's marker."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and f"FAULT_TEST_JOB={marker}".encode() in (
+                    proc / "environ").read_bytes():
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
+def _wait_all(procs: list[subprocess.Popen[str]], marker: str, timeout_s: float) -> str:
+    """Waits for ``procs``; past ``timeout_s`` kills every process of the job and fails."""
+    deadline = time.monotonic() + timeout_s
+    logs = []
+    try:
+        for p in procs:
+            out, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            logs.append(out)
+    except subprocess.TimeoutExpired:
+        for pid in _survivors(marker):
+            os.kill(pid, 9)
+        pytest.fail(f"job still running after {timeout_s} s")
+    assert not _survivors(marker), "processes outlived the job"
+    return "\n".join(logs)
+
+
+def torchrun(overrides: list[str], fault: str | None = None) -> Job:
+    marker = uuid.uuid4().hex
+    cmd = [str(VENV_BIN / "torchrun"), "--nproc_per_node", "2", "--rdzv-backend", "c10d",
+           "--rdzv-endpoint", "localhost:0", "-m",
+           "faulty_train" if fault else "shadowsync.pipelines.train", *SMALL, *overrides]
+    began = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(fault, marker), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    log = _wait_all([proc], marker, JOB_TIMEOUT_S)
+    return Job(proc.returncode, log, time.monotonic() - began, time.time())
+
+
+def _report(case: str, job: Job, message: str, fault_to_exit: float | None = None) -> None:
+    """One row of the table in the README (pytest -s shows it)."""
+    react = f"{fault_to_exit:.1f}" if fault_to_exit is not None else "-"
+    print(f"\n| {case} | {job.wall_s:.1f} | {react} | {job.rc} | {message} |")
+
+
+def _assert_loadable(root: Path, step: int) -> None:
+    """The newest complete checkpoint is ``step`` and its per-rank files load safely."""
+    found = checkpoint.latest(str(root))
+    assert found is not None and found.step == step, found
+    for rank in range(2):
+        local = torch.load(Path(found.path) / f"rank_{rank:05d}.pt", weights_only=True)
+        assert local["step"] == step
+
+
+# ---------------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["sync.algorithm=allreduce"], "sync.algorithm: must be one of"),
+    (["sync.on_failure=retry"], "sync.on_failure: must be one of"),
+    (["train.bach_size=4"], "unknown setting train.bach_size"),
+    (["train.pg_timeout_s=0"], "train.pg_timeout_s must be positive"),
+    (["train.batch_size=0"], "train.batch_size must be positive"),
+    (["sharding.types=[row_wise]"], r"sharding.types: \['row_wise'\] need CUDA"),
+    (["sharding.types=[data_parallel]", "sharding.compute_kernel=fused"],
+     "sharding.compute_kernel=fused.*no feasible plan for 1 ranks on cpu"),
+    (["data.options.num_embeddings=0"], "data.options.num_embeddings"),
+    (["data.name=criteo_npy", "data.options={directory: /no/such/dir}"],
+     "data.options.directory: /no/such/dir: no such directory"),
+    (["data.name=imagenet"], "data.name: unknown data set 'imagenet'"),
+    (["model.embedding_dim=4"], "must end in model.embedding_dim"),
+    (["--config", "/no/such.yaml"], "no such file and no such preset"),
+])
+def test_bad_config_fails_before_any_process_group(
+    overrides: list[str], message: str, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def no_group(timeout_s: float) -> None:
+        raise AssertionError("a process group was started for a bad configuration")
+
+    monkeypatch.setattr(train, "init_distributed", no_group)
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    args = SMALL + overrides if "--config" not in overrides else overrides[:2] + SMALL[2:]
+    assert train.main(args) == 2
+    assert re.search(message, capsys.readouterr().err)
+    assert not dist.is_initialized()
+
+
+def test_bad_config_under_torchrun_fails_fast() -> None:
+    job = torchrun(["sharding.types=[table_row_wise]"])
+    assert job.rc != 0
+    assert "error: sharding.types: ['table_row_wise'] need CUDA" in job.log
+    assert "exitcode  : 2" in job.log
+    _report("bad config (row-wise on CPU), torchrun", job, "`error: sharding.types: "
+            "['table_row_wise'] need CUDA ...`, ranks exit 2 before any process group")
+
+
+# ---------------------------------------------------------------------------------- rank faults
+def test_raising_rank_fails_every_rank_naming_it(tmp_path: Path) -> None:
+    job = torchrun([f"checkpoint.dir={tmp_path}", "checkpoint.every_steps=10", "train.steps=60"],
+                   fault="rank1:raise@25")
+    assert job.rc == 1
+    assert "rank 1 failed: RuntimeError: injected failure" in job.log
+    assert "rank 0 failed: PeerFailed: rank 1 failed: RuntimeError: injected failure" in job.log
+    root_cause = job.log[job.log.index("Root Cause"):]
+    assert "rank 1 failed: RuntimeError: injected failure" in root_cause
+    assert job.since_fault() < EXIT_BOUND_S
+    _assert_loadable(tmp_path, 20)
+    _report("rank 1 raises at step 25, torchrun", job, "`rank 1 failed: RuntimeError: ...`; "
+            "rank 0 `PeerFailed: rank 1 failed: ...`; Root Cause names rank 1; step 20 "
+            "checkpoint loads", job.since_fault())
+
+
+def test_killed_rank_fails_the_torchx_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    marker = uuid.uuid4().hex
+    env = _env("rank1:kill@25", marker)
+    monkeypatch.setenv("PATH", env["PATH"])
+    app = train_component(*SMALL[2:], f"checkpoint.dir={tmp_path / 'ckpt'}",
+                          "checkpoint.every_steps=10", "train.steps=60", m="faulty_train",
+                          env={k: env[k] for k in ("OMP_NUM_THREADS", "PYTHONPATH",
+                                                   "SHADOWSYNC_TEST_FAULT", "FAULT_TEST_JOB")})
+    began = time.monotonic()
+    with get_runner() as runner:
+        handle = runner.run(app, "local_cwd", cfg={"log_dir": str(tmp_path / "logs")})
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        while not ((status := runner.status(handle)) and status.is_terminal()):
+            if time.monotonic() > deadline:
+                runner.cancel(handle)
+                pytest.fail(f"torchx job still running after {JOB_TIMEOUT_S} s")
+            time.sleep(0.5)
+        end = time.time()
+        log = "".join(runner.log_lines(handle, "faulty_train", k=0))
+    job = Job(1, log, time.monotonic() - began, end)
+    assert status.state == AppState.FAILED, log[-3000:]
+    assert re.search(r"rank\s+: 1 \(local_rank: 1\)\s+exitcode\s+: -9", log), log[-3000:]
+    assert "Signal 9 (SIGKILL)" in log
+    assert job.since_fault() < EXIT_BOUND_S
+    assert not _survivors(marker)
+    _assert_loadable(tmp_path / "ckpt", 20)
+    _report("rank 1 SIGKILLed at step 25, torchx local_cwd", job, "FAILED; torchrun summary: "
+            "`rank: 1 ... exitcode: -9 ... Signal 9 (SIGKILL)`; step 20 checkpoint loads",
+            job.since_fault())
+
+
+def test_stuck_peer_times_out_without_torchrun() -> None:
+    """Bare ``python -m`` ranks (no launcher to kill the survivors): a rank whose peer stops
+    responding fails after ``train.pg_timeout_s`` instead of waiting forever."""
+    marker, port = uuid.uuid4().hex, free_port()
+    procs = []
+    began = time.monotonic()
+    for rank in range(2):
+        env = {**_env("rank1:stall@10", marker), "RANK": str(rank), "LOCAL_RANK": str(rank),
+               "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "faulty_train", *SMALL, "train.pg_timeout_s=5",
+             "train.steps=60"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True))
+    try:
+        out, _ = procs[0].communicate(timeout=JOB_TIMEOUT_S)
+        end = time.time()
+    finally:
+        procs[1].kill()  # the stalled rank itself never returns
+        stalled, _ = procs[1].communicate()
+    job = Job(procs[0].returncode, stalled + out, time.monotonic() - began, end)
+    assert job.rc == 1, out[-3000:]
+    assert job.since_fault() < 5 + EXIT_BOUND_S
+    assert re.search(r"rank 0 failed: .*[Tt]imed out", out), out[-3000:]
+    assert not _survivors(marker)
+    _report("rank 1 stalls at step 10, bare `python -m` ranks, `train.pg_timeout_s=5`", job,
+            "rank 0: `rank 0 failed: RuntimeError: ... Timed out waiting 5000ms ...`, exit 1",
+            job.since_fault())
+
+
+# ---------------------------------------------------------------------------------- sync faults
+SHADOW = ["sync.algorithm=ma", "sync.mode=shadow", "sync.timeout_s=3"]
+
+
+def test_failed_sync_round_stops_the_job() -> None:
+    job = torchrun([*SHADOW, "train.steps=400"], fault="rank1:fail-sync@5")
+    assert job.rc == 1
+    assert re.search(r"rank 1 failed: SyncError: rank 1: synchronization failed: RuntimeError: "
+                     r"injected synchronization failure", job.log), job.log[-3000:]
+    assert job.since_fault() < EXIT_BOUND_S
+    _report("sync strategy raises in round 5 (`sync.on_failure=raise`)", job,
+            "`rank 1 failed: SyncError: rank 1: synchronization failed: RuntimeError: ...`",
+            job.since_fault())
+
+
+def test_stalled_sync_degrades_and_rejoins(tmp_path: Path) -> None:
+    job = torchrun([*SHADOW, "sync.on_failure=degrade", "sync.rejoin_after_steps=20",
+                    "train.steps=400", f"checkpoint.dir={tmp_path}"], fault="rank1:stall-sync@5")
+    assert job.rc == 0, job.log[-3000:]
+    assert "no synchronization round completed in 3.0 s" in job.log
+    assert re.search(r"synchronization failed on rank\(s\) \[[01, ]+\]: every rank trains its "
+                     r"own replica", job.log)
+    assert job.log.count("synchronization rejoined on a fresh group") == 2  # both ranks
+    assert re.search(r"sync_failures\s+1\.0000", job.log)
+    final = Path(checkpoint.latest(str(tmp_path)).path)  # type: ignore[union-attr]
+    dense = [torch.load(final / f"rank_{r:05d}.pt", weights_only=True)["dense"] for r in (0, 1)]
+    assert all(torch.equal(dense[0][k], dense[1][k]) for k in dense[0])  # one model again
+    _report("sync thread stalls in round 5 (`sync.on_failure=degrade`)", job,
+            "warning `no synchronization round completed in 3.0 s`; all ranks degrade on one "
+            "step, rejoin 20 steps later; exit 0, replicas identical at the end")
+
+
+# ---------------------------------------------------------------------------------- preemption
+def test_preemption_checkpoints_and_resumes(tmp_path: Path) -> None:
+    """SIGTERM at one rank during a checkpoint write, then at torchrun itself, then a corrupt
+    newest checkpoint: each run stops on one step for all ranks, and the next resumes."""
+    common = [f"checkpoint.dir={tmp_path}", "checkpoint.every_steps=10", "train.steps=60"]
+
+    first = torchrun(common, fault="rank1:sigterm-save@20")
+    assert first.rc == 1  # torchrun's own code for a failed worker (the worker's is 143)
+    assert "exitcode  : 143" in first.log
+    assert "SIGTERM reached rank(s) [1]: every rank stops after step 30" in first.log
+    assert first.since_fault() < EXIT_BOUND_S
+    _assert_loadable(tmp_path, 30)
+    _report("SIGTERM to rank 1 only, while writing the step-20 checkpoint", first,
+            "write completes; `SIGTERM reached rank(s) [1]: every rank stops after step 30`; "
+            "checkpoint 30; ranks exit 143", first.since_fault())
+
+    second = torchrun(common, fault="rank0:sigterm-agent@45")
+    assert f"resumed_from\": \"{tmp_path}/step_00000030" in second.log
+    assert "Received 15 death signal, shutting down workers" in second.log
+    assert re.search(r"SIGTERM reached rank\(s\) \[0(, 1)?\]: every rank stops after step 50",
+                     second.log)
+    assert second.rc != 0 and second.since_fault() < EXIT_BOUND_S
+    _assert_loadable(tmp_path, 50)
+    _report("SIGTERM to torchrun at step 45 (resumed from 30)", second,
+            "torchrun forwards it; `SIGTERM reached rank(s) [0, 1]: every rank stops after "
+            "step 50`; checkpoint 50", second.since_fault())
+
+    corrupt = tmp_path / "step_00000050" / "rank_00001.pt"
+    corrupt.write_bytes(b"not a checkpoint")
+    third = torchrun(common)
+    assert third.rc == 0, third.log[-3000:]
+    assert f"checkpoint {tmp_path}/step_00000050 did not load on rank(s) [1]" in third.log
+    assert f"resumed_from\": \"{tmp_path}/step_00000040" in third.log
+    assert re.search(r"step\s+60\n", third.log)
+    _report("newest checkpoint corrupt (rank 1's file of step 50)", third,
+            "warning `checkpoint .../step_00000050 did not load on rank(s) [1]: ...`; "
+            "resumes from step 40, trains to 60, exit 0")
