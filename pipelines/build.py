@@ -26,6 +26,7 @@ from shadowsync.pipelines.config import ROW_WISE_FAMILY, RunConfig
 from shadowsync.sync.wrapper import (
     DDPReplicas,
     LocalReplicas,
+    PeriodicAveragerReplicas,
     data_parallel_table_parameters,
     dense_parameters,
 )
@@ -91,6 +92,8 @@ def make_replica_wrapper(cfg: RunConfig) -> LocalReplicas | DDPReplicas:
         return DDPReplicas()
     if algorithm == "none":
         return LocalReplicas()
+    if algorithm == "pma":
+        return PeriodicAveragerReplicas(cfg.sync.period)
     from shadowsync.sync.wrapper import ShadowSyncReplicas
 
     return ShadowSyncReplicas.from_config(cfg.sync)

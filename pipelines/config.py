@@ -20,7 +20,7 @@ import yaml
 
 from shadowsync.models.dlrm import DLRMConfig
 
-SyncAlgorithm = Literal["none", "ddp", "ma", "easgd", "bmuf"]
+SyncAlgorithm = Literal["none", "ddp", "ma", "easgd", "bmuf", "pma"]
 ShardingType = Literal["table_wise", "column_wise", "table_column_wise", "data_parallel",
                        "row_wise", "table_row_wise", "grid_shard"]
 ROW_WISE_FAMILY = ("row_wise", "table_row_wise", "grid_shard")
@@ -64,7 +64,8 @@ class SyncConfig:
     """How dense replicas are kept in step (``ddp`` and ``none`` are the baselines).
 
     ``ma``, ``easgd`` and ``bmuf`` are ShadowSync strategies, run in the background
-    (``mode: shadow``) or blocking every ``period`` steps (``mode: fixed_rate``).
+    (``mode: shadow``) or blocking every ``period`` steps (``mode: fixed_rate``). ``pma`` is
+    PyTorch's own ``PeriodicModelAverager`` every ``period`` steps, an outside reference.
     ``backend`` carries the synchronizer's own process group. It defaults to gloo on GPUs too:
     NCCL does not promise that collectives issued from two threads on two communicators of one
     device make progress, and the shadow thread does exactly that beside training's NCCL.

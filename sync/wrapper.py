@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 from torchrec.distributed.model_parallel import (
     DataParallelWrapper,
     DefaultDataParallelWrapper,
@@ -133,6 +134,35 @@ class LocalReplicas(DataParallelWrapper, ReplicaHooks):
 
 class DDPReplicas(DefaultDataParallelWrapper, ReplicaHooks):
     """TorchRec's default: DDP allreduces dense gradients inside every backward pass."""
+
+
+class PeriodicAveragerReplicas(LocalReplicas):
+    """PyTorch's own ``PeriodicModelAverager`` (local SGD, Lin et al., arXiv 1808.07217) on the
+    local replicas: an outside reference for the fixed-rate MA arm, run by PyTorch's code.
+
+    It averages in the training thread on the default group every ``period`` steps and has no
+    final consensus of its own, so evaluation and checkpoints see the ranks' own replicas.
+    """
+
+    def __init__(self, period: int) -> None:
+        super().__init__()
+        self.period = period
+        self.averager: PeriodicModelAverager | None = None
+
+    def wrap(self, dmp: DistributedModelParallel, env: ShardingEnv, device: torch.device) -> None:
+        super().wrap(dmp, env, device)
+        self.averager = PeriodicModelAverager(
+            period=self.period, warmup_steps=0, process_group=self.group
+        )
+
+    def after_step(self) -> None:
+        if self.averager is None:
+            raise RuntimeError("PeriodicAveragerReplicas used before DMP wrapped it")
+        self.averager.average_parameters(list(self.params.values()))
+
+    def stats(self) -> dict[str, float]:
+        step = self.averager.step if self.averager is not None else 0
+        return {"steps": float(step), "syncs_applied": float(-(-step // self.period))}
 
 
 def make_strategy(cfg: SyncConfig) -> SyncStrategy:

@@ -52,7 +52,8 @@ def _spread(results: list[list[dict[str, Any]]], run: int) -> float:
 def baselines() -> list[list[dict[str, Any]]]:
     runs = [["sync.algorithm=none"], ["sync.algorithm=ddp"],
             ["sync.algorithm=ma", "sync.mode=shadow"],
-            ["sync.algorithm=bmuf", "sync.mode=fixed_rate", "sync.period=8"]]
+            ["sync.algorithm=bmuf", "sync.mode=fixed_rate", "sync.period=8"],
+            ["sync.algorithm=pma", "sync.period=1"]]
     return run_ranks(functools.partial(_train, runs=runs), timeout_s=240)
 
 
@@ -67,7 +68,7 @@ def test_plan_puts_tables_on_both_ranks(baselines: list[list[dict[str, Any]]]) -
 def test_learns_the_planted_signal(baselines: list[list[dict[str, Any]]]) -> None:
     planted = build_dataset("synthetic", **load_config("synthetic", SMALL).data.options)
     ceiling = planted.planted_auc(batch_size=2048)
-    for run in range(4):
+    for run in range(5):
         summary = baselines[0][run]["summary"]
         # Chance is 0.5 and the planted model's own AUC is ~0.86 on this split; 320 steps of
         # 256 examples per rank reach ~0.78 (measured), so 0.72 leaves room for noise.
@@ -129,6 +130,9 @@ def test_shadowsync_in_the_trainer_syncs_while_training_and_ends_identical(
     # finish() ran the final sync: both strategies leave bit-identical replicas.
     assert _spread(baselines, 2) == 0.0
     assert _spread(baselines, 3) == 0.0
+    # PyTorch's PeriodicModelAverager, every step, as the outside reference.
+    assert baselines[0][4]["summary"]["sync_syncs_applied"] == 320
+    assert _spread(baselines, 4) == 0.0
 
 
 def test_movielens_two_ranks_beat_the_constant_predictor() -> None:
