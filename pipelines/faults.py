@@ -28,13 +28,15 @@ from types import FrameType
 import torch
 import torch.distributed as dist
 
+from shadowsync.sync.runner import PeerAborted
+
 __all__ = ["PREEMPTED_EXIT_CODE", "Control", "PeerFailed", "attribute_failure",
            "failure_message", "install_sigterm_handler", "stop_requested"]
 
 logger = logging.getLogger(__name__)
 
 PREEMPTED_EXIT_CODE = 128 + signal.SIGTERM
-_STORE_TIMEOUT_S = 2.0
+_STORE_TIMEOUT_S = 3.0
 _stop_signal: int | None = None
 
 
@@ -87,25 +89,35 @@ def _failure_store() -> dist.Store | None:
     return dist.PrefixStore(f"shadowsync/failure/{attempt}/", store)
 
 
+def _is_consequence(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (or what caused it) says that another rank failed first."""
+    while exc is not None:
+        if isinstance(exc, PeerAborted):
+            return True
+        exc = exc.__cause__
+    return False
+
+
 def attribute_failure(exc: Exception) -> Exception:
     """``exc`` if this rank failed first; else a :class:`PeerFailed` naming the rank that did.
 
     The first failing rank posts its message in the job's store before it exits, so a peer
     that fails next (its collective broke when that rank left) reports the cause, not the
     symptom. torchrun's "Root Cause" picks the earliest error file by the second, which is
-    often the peer's: this keeps it right. A rank killed outright posts nothing; torchrun's
-    summary then names it by its exit signal.
+    often the peer's: this keeps it right. A rank whose error already says a peer failed
+    (:class:`~shadowsync.sync.runner.PeerAborted`) never posts; it waits for the peer's post.
+    A rank killed outright posts nothing; torchrun's summary then names it by its exit signal.
     """
     store = _failure_store()
     if store is None:
         return exc
     try:
-        if store.add("count", 1) == 1:
+        if not _is_consequence(exc) and store.add("count", 1) == 1:
             store.set("first", failure_message(exc))
             return exc
         store.wait(["first"], timedelta(seconds=_STORE_TIMEOUT_S))
         first = store.get("first").decode()
-    except RuntimeError:  # the store went away with the rank that hosted it
+    except RuntimeError:  # no post in time, or the store went away with the rank hosting it
         return exc
     return PeerFailed(f"{first} (then here: {type(exc).__name__}: {exc})")
 

@@ -37,6 +37,7 @@ from shadowsync.sync.strategies import SyncStrategy
 
 __all__ = [
     "FixedRateSyncRunner",
+    "PeerAborted",
     "ShadowSyncRunner",
     "SyncError",
     "SyncRunner",
@@ -54,6 +55,11 @@ _POLL_S = 0.002  # how often stop() services snapshot requests while the thread 
 
 class SyncError(RuntimeError):
     """Synchronization failed on this rank (or a peer aborted); the message names the rank."""
+
+
+class PeerAborted(SyncError):
+    """Another rank's synchronization failed and told this one so (the abort flag): a
+    consequence, not a cause; that rank reports the cause."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -376,7 +382,7 @@ class SyncRunner(abc.ABC):
             self._counters.comm_seconds += elapsed
             self._counters.bytes_reduced += self._comm.numel() * self._comm.element_size()
         if abort_seen and not abort:
-            raise SyncError("another rank's synchronization failed and aborted round "
+            raise PeerAborted("another rank's synchronization failed and aborted round "
                             f"{self._counters.rounds + 1} (see that rank's error)")
         return bool(stop_seen)
 

@@ -250,11 +250,15 @@ SHADOW = ["sync.algorithm=ma", "sync.mode=shadow", "sync.timeout_s=3"]
 def test_failed_sync_round_stops_the_job() -> None:
     job = torchrun([*SHADOW, "train.steps=400"], fault="rank1:fail-sync@5")
     assert job.rc == 1
-    assert re.search(r"rank 1 failed: SyncError: rank 1: synchronization failed: RuntimeError: "
-                     r"injected synchronization failure", job.log), job.log[-3000:]
+    cause = ("rank 1 failed: SyncError: rank 1: synchronization failed: RuntimeError: injected "
+             "synchronization failure")
+    assert cause in job.log, job.log[-3000:]
+    assert f"rank 0 failed: PeerFailed: {cause}" in job.log  # not the abort it received
+    assert cause in job.log[job.log.index("Root Cause"):]
     assert job.since_fault() < EXIT_BOUND_S
     _report("sync strategy raises in round 5 (`sync.on_failure=raise`)", job,
-            "`rank 1 failed: SyncError: rank 1: synchronization failed: RuntimeError: ...`",
+            "`rank 1 failed: SyncError: rank 1: synchronization failed: RuntimeError: ...`; "
+            "rank 0 `PeerFailed: rank 1 failed: ...`",
             job.since_fault())
 
 
