@@ -143,6 +143,8 @@ def test_check_rows_errors_and_roles() -> None:
     assert rows[2, "none"]["predicted"] == pytest.approx(predicted)
     assert rows[2, "none"]["error"] == pytest.approx(predicted / 18_000 - 1)
     assert rows[2, "shadow ma"]["gap_predicted"] == 1
+    assert rows[2, "shadow ma"]["ratio_measured"] == pytest.approx(15_000 / 18_000)
+    assert rows[2, "shadow ma"]["ratio_predicted"] == pytest.approx(1 / 1.25)
     assert (2, "ddp") not in rows  # only measured arms are checked
 
 
