@@ -68,7 +68,11 @@ def run_all(
     repeats: int,
 ) -> list[dict[str, Any]]:
     """Every arm, for every seed, ``repeats`` times in rotated order (so no arm always runs
-    first or last); one row per run."""
+    first or last); one row per run. An untimed warm-up run comes first: the first training in
+    a process pays one-time costs (imports, allocator, thread pools) that would otherwise land
+    on whichever arm runs first, usually the ``none`` baseline."""
+    _, overrides = arms[0]
+    run_arm(env, preset, [*common, *overrides, "train.steps=50", "eval.max_batches=1"])
     rows = []
     for seed in seeds:
         for rep in range(repeats):
