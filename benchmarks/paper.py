@@ -10,8 +10,9 @@ and data order for every arm), on 2 ranks::
 
 and writes ``report.md`` (tables, goals met or not), ``quality_vs_throughput.png`` and
 ``runs.json`` (every run) into ``--out``. Arms: ``none``; ``ddp``; fixed-rate MA, EASGD and BMUF
-every 1, 10 and 100 steps; shadow MA, EASGD and BMUF; and PyTorch's ``PeriodicModelAverager``
-every 10 steps as an outside reference. Each seed is a full pass of every arm (NE spread);
+every 1, 10 and 100 steps; shadow MA, EASGD and BMUF, paced to a round every 0.1 s at most (the
+CPU presets' setting) and back to back; and PyTorch's ``PeriodicModelAverager`` every 10 steps
+as an outside reference. Each seed is a full pass of every arm (NE spread);
 ``--repeats`` reruns arms in rotated order for a median throughput.
 """
 
@@ -42,7 +43,10 @@ ARMS = [
     "ddp: sync.algorithm=ddp",
     *[f"FR-{a.upper()} k={k}: sync.algorithm={a} sync.mode=fixed_rate sync.period={k}"
       for a in ("ma", "easgd", "bmuf") for k in PERIODS],
-    *[f"S-{a.upper()}: sync.algorithm={a} sync.mode=shadow" for a in ("ma", "easgd", "bmuf")],
+    *[f"S-{a.upper()}: sync.algorithm={a} sync.mode=shadow sync.min_interval_s=0.1"
+      for a in ("ma", "easgd", "bmuf")],
+    *[f"S-{a.upper()} back to back: sync.algorithm={a} sync.mode=shadow sync.min_interval_s=0"
+      for a in ("ma", "easgd", "bmuf")],
     "torch PeriodicModelAverager k=10: sync.algorithm=pma sync.period=10",
 ]
 
@@ -80,7 +84,8 @@ def goals(arms: list[dict[str, Any]]) -> list[str]:
             lines.append(f"  - NE {a['eval_ne']:.4f} vs ddp {ddp['eval_ne']:.4f} (difference "
                          f"{diff:+.4f}, 2 sd = {2 * sd:.4f}): "
                          f"{'within' if within else 'NOT within'} the seed spread.")
-        twins = [b for b in arms if b["arm"].startswith(f"FR-{a['arm'][2:]} ")]
+        algo = a["arm"][2:].split()[0]
+        twins = [b for b in arms if b["arm"].startswith(f"FR-{algo} ")]
         if twins:
             twin = min(twins, key=lambda b: abs(b["ratio_to_none"] - a["ratio_to_none"]))
             better = a["eval_ne"] <= twin["eval_ne"] + (
