@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    env = init_distributed(cfg.sync.timeout_s)
+    env = init_distributed(cfg.train.pg_timeout_s)
     try:
         metrics = evaluate_checkpoint(cfg, found, env, dataset)
         if env.rank == 0:

@@ -37,8 +37,12 @@ logger = logging.getLogger("shadowsync.train")
 
 
 def _summary_table(summary: dict[str, Any]) -> str:
-    rows = [(k, f"{v:.4f}" if isinstance(v, float) else str(v)) for k, v in summary.items()
-            if k != "summary"]
+    def fmt(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:,.0f}" if v.is_integer() else f"{v:,.4f}"
+        return str(v)
+
+    rows = [(k, fmt(v)) for k, v in summary.items() if k != "summary"]
     width = max(len(k) for k, _ in rows)
     return "\n".join([f"{'metric':<{width}}  value", f"{'-' * width}  -----"] +
                      [f"{k:<{width}}  {v}" for k, v in rows])
