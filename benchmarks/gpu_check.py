@@ -25,28 +25,17 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib.util
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
+import _bootstrap  # noqa: F401 (makes a bare checkout importable; must come first)
 import torch
+import torch.distributed as dist
+from _dist import run_ranks
+from torch import Tensor
 
-_ROOT = Path(__file__).resolve().parents[1]
-if importlib.util.find_spec("shadowsync") is None:  # a bare checkout: the root is the package
-    _spec = importlib.util.spec_from_file_location(
-        "shadowsync", _ROOT / "__init__.py", submodule_search_locations=[str(_ROOT)])
-    assert _spec is not None and _spec.loader is not None
-    sys.modules["shadowsync"] = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(sys.modules["shadowsync"])
-sys.path.insert(0, str(_ROOT / "tests"))
-
-import torch.distributed as dist  # noqa: E402
-from _dist import run_ranks  # noqa: E402
-from torch import Tensor  # noqa: E402
-
-from shadowsync.sync import (  # noqa: E402
+from shadowsync.sync import (
     BlockwiseModelUpdateFiltering,
     ElasticAveraging,
     FixedRateSyncRunner,
