@@ -15,7 +15,7 @@ import queue
 import socket
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -51,12 +51,14 @@ def _child(rank: int, world_size: int, port: int, pg_timeout_s: float,
 
 
 def run_ranks(fn: Callable[[int, int], Any], *, world_size: int = 2, timeout_s: float = 60.0,
-              pg_timeout_s: float = 30.0) -> list[Any]:
+              pg_timeout_s: float = 30.0, safe_types: Sequence[type] = ()) -> list[Any]:
     """Run ``fn(rank, world_size)`` on ``world_size`` gloo ranks; return results by rank.
 
     ``fn`` must be picklable (module level, or a ``functools.partial`` of one). Raises
     ``AssertionError`` with every failing rank's traceback, or ``TimeoutError`` naming the ranks
-    that did not report within ``timeout_s`` seconds.
+    that did not report within ``timeout_s`` seconds. Results load with ``weights_only=True``;
+    ``safe_types`` lists the classes (say ``SyncStats``) they may contain besides tensors and
+    plain containers.
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
@@ -92,7 +94,8 @@ def run_ranks(fn: Callable[[int, int], Any], *, world_size: int = 2, timeout_s: 
     failures = {r: payload for r, (ok, payload) in sorted(reported.items()) if not ok}
     if failures:
         raise AssertionError("\n".join(f"--- rank {r} failed:\n{tb}" for r, tb in failures.items()))
-    # Not weights_only: results come from this call's own children and include dataclasses
-    # (the runner tests return SyncStats); checkpoints, which may come from anywhere, load with
-    # weights_only=True (pipelines/checkpoint.py).
-    return [torch.load(io.BytesIO(reported[r][1]), weights_only=False) for r in range(world_size)]
+    # weights_only even for our own children: results are tensors, plain containers and the
+    # classes the caller allows (``safe_types``), nothing else is unpickled.
+    with torch.serialization.safe_globals(list(safe_types)):
+        return [torch.load(io.BytesIO(reported[r][1]), weights_only=True)
+                for r in range(world_size)]
