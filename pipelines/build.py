@@ -27,6 +27,7 @@ from shadowsync.sync.wrapper import (
     DDPReplicas,
     LocalReplicas,
     PeriodicAveragerReplicas,
+    ShadowSyncReplicas,
     data_parallel_table_parameters,
     dense_parameters,
 )
@@ -86,7 +87,7 @@ def init_distributed(timeout_s: float) -> DistEnv:
 
 
 def make_replica_wrapper(cfg: RunConfig) -> LocalReplicas | DDPReplicas:
-    """The ``sync.algorithm`` setting: ``ddp``, ``none`` or a ShadowSync strategy."""
+    """The ``sync.algorithm`` setting: ``ddp``, ``none``, ``pma`` or a ShadowSync strategy."""
     algorithm = cfg.sync.algorithm
     if algorithm == "ddp":
         return DDPReplicas()
@@ -94,8 +95,6 @@ def make_replica_wrapper(cfg: RunConfig) -> LocalReplicas | DDPReplicas:
         return LocalReplicas()
     if algorithm == "pma":
         return PeriodicAveragerReplicas(cfg.sync.period)
-    from shadowsync.sync.wrapper import ShadowSyncReplicas
-
     return ShadowSyncReplicas.from_config(cfg.sync)
 
 
@@ -129,13 +128,11 @@ def _meta_model_and_planner(
         cfg.model, len(spec.dense_names), spec.sparse_names, spec.num_embeddings,
         torch.device("meta"),
     )
-    sparse_kwargs: dict[str, Any] = {"lr": cfg.optim.sparse_lr}
-    if cfg.optim.sparse != "sgd":
-        sparse_kwargs["eps"] = cfg.optim.eps
+    sparse = _SPARSE_OPTIMIZERS[cfg.optim.sparse]
     apply_optimizer_in_backward(
-        _SPARSE_OPTIMIZERS[cfg.optim.sparse],
+        sparse,
         model.model.sparse_arch.embedding_bag_collection.parameters(),
-        sparse_kwargs,
+        _optimizer_kwargs(sparse, cfg.optim.sparse_lr, cfg.optim.eps),
     )
     topology = Topology(
         world_size=world_size,
@@ -186,10 +183,14 @@ def build_sharded_model(
     return dmp, plan
 
 
+def _optimizer_kwargs(cls: type[torch.optim.Optimizer], lr: float, eps: float) -> dict[str, Any]:
+    return {"lr": lr} if cls is torch.optim.SGD else {"lr": lr, "eps": eps}
+
+
 def _keyed(
     params: dict[str, nn.Parameter], cls: type[torch.optim.Optimizer], lr: float, eps: float
 ) -> KeyedOptimizerWrapper:
-    kwargs: dict[str, Any] = {"lr": lr} if cls is torch.optim.SGD else {"lr": lr, "eps": eps}
+    kwargs = _optimizer_kwargs(cls, lr, eps)
     return KeyedOptimizerWrapper(params, lambda ps: cls(ps, **kwargs))
 
 

@@ -58,18 +58,19 @@ def complete_step(path: str) -> int | None:
     return int(m.group(1)) if m and fs.exists(_join(local, MARKER)) else None
 
 
-def latest(root: str, before: int | None = None) -> CheckpointInfo | None:
-    """The newest checkpoint under ``root`` that has its ``COMPLETE`` marker (and a step below
-    ``before``, if given: the fallback when the newest does not load), or None."""
+def complete_steps(root: str) -> list[int]:
+    """Steps of the checkpoints under ``root`` that have their ``COMPLETE`` marker, ascending."""
     fs, path = _fs_and_path(root)
     if not fs.exists(path):
-        return None
-    found = []
-    for entry in fs.ls(path, detail=False):
-        step = complete_step(entry)
-        if step is not None and (before is None or step < before):
-            found.append(CheckpointInfo(path=step_dir(root, step), step=step))
-    return max(found, key=lambda c: c.step, default=None)
+        return []
+    return sorted(s for e in fs.ls(path, detail=False) if (s := complete_step(e)) is not None)
+
+
+def latest(root: str, before: int | None = None) -> CheckpointInfo | None:
+    """The newest complete checkpoint under ``root`` (with a step below ``before``, if given:
+    the fallback when the newest does not load), or None."""
+    steps = [s for s in complete_steps(root) if before is None or s < before]
+    return CheckpointInfo(path=step_dir(root, steps[-1]), step=steps[-1]) if steps else None
 
 
 def save(
@@ -109,9 +110,8 @@ def save(
 
 
 def _prune(root: str, keep: int) -> None:
-    fs, path = _fs_and_path(root)
-    steps = sorted(s for e in fs.ls(path, detail=False) if (s := complete_step(e)) is not None)
-    for step in steps[:-keep]:
+    fs, _ = _fs_and_path(root)
+    for step in complete_steps(root)[:-keep]:
         fs.rm(_fs_and_path(step_dir(root, step))[1], recursive=True)
 
 
