@@ -9,19 +9,21 @@ Two runners share one round function (snapshot -> ``reduce_input`` -> SUM-allred
   ``period`` steps: the paper's FR-* baselines, and local SGD / post-local SGD model averaging
   (Lin et al., arXiv:1808.07217) when the strategy is model averaging.
 
-Facts these rely on (measured, see ``DESIGN-NOTES.md``): gloo collectives release the GIL; a
-thread must never write live parameters while autograd runs (it fails with "modified by an
-inplace operation" and takes the peer down), so the thread only posts deltas; and the stop
-request travels inside the reduced buffer so every rank leaves on the same round.
+Facts these rely on: gloo collectives release the GIL; a thread must never write live parameters
+while autograd runs (it fails with "modified by an inplace operation" and takes the peer down),
+so the thread only posts deltas; and the stop request travels inside the reduced buffer so every
+rank leaves on the same round.
 """
 
 from __future__ import annotations
 
 import abc
+import collections
 import contextlib
 import dataclasses
 import logging
 import math
+import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -37,8 +39,10 @@ from shadowsync.sync.strategies import SyncStrategy
 
 __all__ = [
     "FixedRateSyncRunner",
+    "NonFiniteError",
     "PeerAborted",
     "ShadowSyncRunner",
+    "SlowdownPacer",
     "SyncError",
     "SyncRunner",
     "SyncStats",
@@ -49,7 +53,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_CONTROL = 2  # trailing elements of the reduced buffer: [stop, abort]
 _POLL_S = 0.002  # how often stop() services snapshot requests while the thread winds down
 
 
@@ -60,6 +63,10 @@ class SyncError(RuntimeError):
 class PeerAborted(SyncError):
     """Another rank's synchronization failed and told this one so (the abort flag): a
     consequence, not a cause; that rank reports the cause."""
+
+
+class NonFiniteError(SyncError):
+    """A replica (its snapshot) or a round's delta held NaN or inf; names the round."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,8 +245,14 @@ class SyncRunner(abc.ABC):
         dtype = self._params[0].dtype
         self._snapshot = torch.empty(self._numel, dtype=dtype, device=self._device)
         self._snapshot_views = _views(self._snapshot, self._params)
-        self._comm = torch.empty(self._numel + _CONTROL, dtype=dtype, device=self._device)
+        # The reduced buffer: [payload (numel, in the strategy's wire dtype), stop, abort by
+        # rank (world size)]. The flags ride in the payload's allreduce, so every rank learns of a
+        # stop request or of which peer failed on the same round and nobody is left blocked.
+        self._comm = torch.empty(self._numel + 1 + self._world_size,
+                                 dtype=strategy.wire_dtype or dtype, device=self._device)
         self._reduced = self._comm[: self._numel]
+        self._peers_told = False  # an abort round was spent, or peers cannot be reached
+        self._snapshot_step = 0  # the training step the snapshot was taken at
         self._stream: torch.cuda.Stream | None = None
         self._strategy_ready = False
         self._running = False
@@ -265,6 +278,7 @@ class SyncRunner(abc.ABC):
         if self._error is not None:
             raise RuntimeError("this runner failed earlier; create a new one") from self._error
         self._init_strategy()
+        self._peers_told = False
         self._running = True
         self._started_at = time.perf_counter()
 
@@ -341,7 +355,10 @@ class SyncRunner(abc.ABC):
             raise self._sync_error(err) from err
 
     def _sync_error(self, err: BaseException) -> SyncError:
-        return SyncError(f"rank {self._rank}: synchronization failed: {type(err).__name__}: {err}")
+        """``err`` as raised to the training loop: a SyncError naming this rank, of the same
+        subclass when ``err`` is one (a peer's abort, a non-finite replica)."""
+        cls = type(err) if isinstance(err, SyncError) else SyncError
+        return cls(f"rank {self._rank}: synchronization failed: {type(err).__name__}: {err}")
 
     @torch.no_grad()
     def _copy_live_to_snapshot(self) -> None:
@@ -350,6 +367,7 @@ class SyncRunner(abc.ABC):
         The side stream waits for the main stream's pending work on the parameters, and the main
         stream waits for the copy before it can overwrite them in the next optimizer step.
         """
+        self._snapshot_step = self._counters.steps
         if self._stream is None:
             torch._foreach_copy_(self._snapshot_views, self._params)
             return
@@ -359,9 +377,10 @@ class SyncRunner(abc.ABC):
             torch._foreach_copy_(self._snapshot_views, self._params)
         main.wait_stream(self._stream)
 
-    def _allreduce(self, payload: Tensor | None, *, stop: bool = False,
+    def _allreduce(self, comm: Tensor, payload: Tensor | None, *, stop: bool = False,
                    abort: bool = False) -> bool:
-        """SUM-allreduce ``payload`` (zeros if None) and the flags; True if any rank asked to stop.
+        """SUM-allreduce ``payload`` (zeros if None) and the flags through ``comm``; True if any
+        rank asked to stop. Raises :class:`PeerAborted` naming the ranks that aborted.
 
         Reading the flags synchronizes the calling thread with its current stream; in shadow mode
         that is the sync thread and its side stream, never the training loop.
@@ -369,52 +388,72 @@ class SyncRunner(abc.ABC):
         n = self._numel
         with record_function("shadowsync.allreduce"):
             if payload is None:
-                self._reduced.zero_()
+                comm[:n].zero_()
             else:
-                self._reduced.copy_(payload)
-            self._comm[n].fill_(float(stop))
-            self._comm[n + 1].fill_(float(abort))
+                comm[:n].copy_(payload)
+            comm[n:].zero_()
+            comm[n].fill_(float(stop))
+            if abort:
+                comm[n + 1 + self._rank].fill_(1.0)
             began = time.perf_counter()
-            dist.all_reduce(self._comm, op=dist.ReduceOp.SUM, group=self._group)
-            stop_seen, abort_seen = (self._comm[n:] > 0).tolist()
+            try:
+                dist.all_reduce(comm, op=dist.ReduceOp.SUM, group=self._group)
+            except BaseException:
+                self._peers_told = True  # the group itself is in doubt: no abort round
+                raise
+            flags = (comm[n:] > 0).tolist()
             elapsed = time.perf_counter() - began
         with self._lock:
             self._counters.comm_seconds += elapsed
-            self._counters.bytes_reduced += self._comm.numel() * self._comm.element_size()
-        if abort_seen and not abort:
-            raise PeerAborted("another rank's synchronization failed and aborted round "
-                            f"{self._counters.rounds + 1} (see that rank's error)")
-        return bool(stop_seen)
+            self._counters.bytes_reduced += comm.numel() * comm.element_size()
+        aborted = [r for r, flag in enumerate(flags[1:]) if flag and r != self._rank]
+        if aborted:
+            self._peers_told = True  # every rank saw the same flags in this round
+            raise PeerAborted(f"rank(s) {aborted} failed and aborted synchronization round "
+                              f"{self._counters.rounds + 1} (see that rank's error)")
+        return bool(flags[0])
 
-    def _abort_peers(self) -> None:
-        """Spend the round peers are waiting in on an abort flag, so they fail fast, not hang."""
-        try:
-            self._allreduce(None, abort=True)
-        except Exception:  # the group may be broken already; peers then hit its timeout
-            logger.warning("rank %d: could not notify peers of the failure", self._rank,
-                           exc_info=True)
+    def _fail(self, exc: BaseException) -> None:
+        """Record a failure of this rank's synchronization and make sure peers learn of it.
+
+        Every failure path (strategy math, pacing, posting, a non-finite replica) ends here, so
+        a peer waiting in its current or next round gets an abort flag and fails fast instead of
+        waiting for the group's timeout. Peers are not told when they already know (a peer's
+        abort, a stop round every rank has left) or cannot be (the collective itself failed).
+        """
+        with self._lock:
+            self._error = self._error or exc
+        if not self._peers_told:
+            self._peers_told = True
+            try:
+                self._allreduce(self._comm, None, abort=True)
+            except BaseException:  # the group may be broken already; peers hit its timeout
+                logger.warning("rank %d: could not notify peers of the failure", self._rank,
+                               exc_info=True)
+
+    def _check_finite(self, t: Tensor, what: str) -> None:
+        """Raise :class:`NonFiniteError` if ``t`` holds NaN or inf (one fused reduction, read
+        on the thread that runs the round)."""
+        if not bool(torch.isfinite(t).all()):
+            raise NonFiniteError(
+                f"rank {self._rank}: {what} is not finite in synchronization round "
+                f"{self._counters.rounds + 1} (snapshot of step {self._snapshot_step})")
 
     def _round(self, request_stop: bool = False) -> tuple[Tensor, bool]:
         """One strategy round on the snapshot; returns (delta, whether ranks agreed to stop).
 
-        A local failure before the allreduce, or after it in a round that is not the last,
-        leaves peers waiting in (or about to enter) a collective: they get an abort round. A
-        failure inside the collective does not, since the group itself is then in doubt.
+        The caller hands any exception to :meth:`_fail`. A replica or delta that is not finite
+        raises :class:`NonFiniteError` on the rank that holds it, before its peers average it in.
         """
-        try:
-            with record_function("shadowsync.reduce_input"):
-                payload = self._strategy.reduce_input(self._snapshot)
-        except Exception:
-            self._abort_peers()
-            raise
-        stop = self._allreduce(payload, stop=request_stop)
-        try:
-            with record_function("shadowsync.delta"):
-                delta = self._strategy.delta(self._snapshot, self._reduced)
-        except Exception:
-            if not stop:
-                self._abort_peers()
-            raise
+        self._check_finite(self._snapshot, "the dense replica")
+        with record_function("shadowsync.reduce_input"):
+            payload = self._strategy.reduce_input(self._snapshot)
+        stop = self._allreduce(self._comm, payload, stop=request_stop)
+        if stop:
+            self._peers_told = True  # every rank leaves after this round
+        with record_function("shadowsync.delta"):
+            delta = self._strategy.delta(self._snapshot, self._reduced)
+        self._check_finite(delta, "the delta")
         with self._lock:
             self._counters.rounds += 1
         return delta, stop
@@ -447,8 +486,12 @@ class SyncRunner(abc.ABC):
         """
         with record_function("shadowsync.consensus"):
             self._copy_live_to_snapshot()
-            self._allreduce(self._strategy.consensus_input(self._snapshot))
-            model = self._strategy.consensus(self._reduced)
+            # Full precision whatever the wire dtype: the consensus is the model that is kept.
+            comm = torch.empty(self._comm.numel(), dtype=self._snapshot.dtype,
+                               device=self._device)
+            self._allreduce(comm, self._strategy.consensus_input(self._snapshot))
+            model = self._strategy.consensus(comm[: self._numel])
+            self._check_finite(model, "the consensus model")
             torch._foreach_copy_(self._params, _views(model, self._params))
 
     def _mark_stopped(self) -> None:
@@ -491,7 +534,7 @@ class FixedRateSyncRunner(SyncRunner):
         try:
             delta, _ = self._round()
         except Exception as exc:
-            self._error = exc
+            self._fail(exc)
             raise self._sync_error(exc) from exc
         self._apply(_Delta(delta, None, c.steps))
 
@@ -501,6 +544,70 @@ class FixedRateSyncRunner(SyncRunner):
         self._raise_failure()
         if final_sync:
             self._consensus()
+
+
+class SlowdownPacer:
+    """Finds online how much of the time a shadow round may be in flight for training to lose at
+    most ``max_slowdown`` of its step rate (the accepted-slowdown pacing of
+    :class:`ShadowSyncRunner`).
+
+    The training loop reports each step's wall time and whether a round touched it (the step
+    applied a delta, took a snapshot, or ran while a round was in flight). From the medians of
+    recent *quiet* steps ``t_q`` and *busy* steps ``t_b`` it knows the cost of a round per step,
+    ``c = t_b / t_q - 1``. If a fraction ``f`` of steps is busy, training runs ``f c`` slower, so
+    the runner keeps ``f <= max_slowdown / c``: a round that kept ``n_b`` steps busy is followed
+    by ``n_b (1 - f) / f`` quiet steps. Rounds go back to back when they cost less than the
+    budget. Every ``explore_every`` rounds a few quiet steps are forced, so ``t_q`` stays current
+    even then. Medians make one slow step (a garbage collection, a late peer) irrelevant.
+
+    Args:
+        max_slowdown: accepted loss of step rate, in (0, 1): 0.05 keeps >= 95% of it.
+        window: steps of each kind whose median is used.
+        explore_every: rounds between forced quiet windows when rounds are free enough to go
+            back to back.
+    """
+
+    def __init__(self, max_slowdown: float, window: int = 32, explore_every: int = 16) -> None:
+        if not 0.0 < max_slowdown < 1.0:
+            raise ValueError(f"max_slowdown must be in (0, 1), got {max_slowdown}")
+        self.max_slowdown = max_slowdown
+        self.explore_every = explore_every
+        self._quiet: collections.deque[float] = collections.deque(maxlen=window)
+        self._busy: collections.deque[float] = collections.deque(maxlen=window)
+        self._busy_steps_this_round = 0
+        self._rounds = 0
+        self._lock = threading.Lock()  # observe() and the thread's reads run concurrently
+
+    def observe(self, seconds: float, busy: bool) -> None:
+        """One training step's wall time, and whether a round touched it (training thread)."""
+        with self._lock:
+            (self._busy if busy else self._quiet).append(seconds)
+            if busy:
+                self._busy_steps_this_round += 1
+
+    def busy_fraction(self) -> float:
+        """The largest fraction of busy steps within the budget (1 before any measurement)."""
+        with self._lock:
+            if not self._quiet or not self._busy:
+                return 1.0
+            cost = statistics.median(self._busy) / statistics.median(self._quiet) - 1.0
+        return 1.0 if cost <= self.max_slowdown else self.max_slowdown / cost
+
+    def quiet_seconds(self) -> float:
+        """Called once per finished round (sync thread): how long to stay quiet before the next
+        round, from the busy steps this round caused and the current busy fraction."""
+        f = self.busy_fraction()
+        with self._lock:
+            self._rounds += 1
+            busy_steps, self._busy_steps_this_round = max(self._busy_steps_this_round, 1), 0
+            if not self._quiet:  # no quiet step measured yet: make room for a few
+                return 3 * statistics.median(self._busy) if self._busy else 0.0
+            t_quiet = statistics.median(self._quiet)
+            explore = self._rounds % self.explore_every == 0
+        quiet_steps = busy_steps * (1.0 - f) / f
+        if quiet_steps < 2 and explore:
+            quiet_steps = 3.0  # keep t_q measured even when rounds go back to back
+        return quiet_steps * t_quiet
 
 
 class ShadowSyncRunner(SyncRunner):
@@ -514,48 +621,74 @@ class ShadowSyncRunner(SyncRunner):
     ======  ===================  ===============  ==========================================
     stage   thread               CUDA stream      work and ordering
     ======  ===================  ===============  ==========================================
-    ask     sync thread          --               request snapshot ``r``; wait for it
-    apply   training (step())    main             main waits delta ``r-1``'s event; add it
-                                                  to the live params (before the snapshot, so
-                                                  snapshot ``r`` includes delta ``r-1``)
+    ask     sync thread          --               request snapshot ``r`` (after posting delta
+                                                  ``r-1``, under the hand-off lock); wait
+    apply   training (step())    main             take the posted delta and the request in one
+                                                  critical section; main waits delta
+                                                  ``r-1``'s event; add it to the live params
     copy    training (step())    side             side waits main; live -> snapshot; main
                                                   waits side (next optimizer step must not
                                                   overwrite params mid-copy); notify thread
     train   training             main             steps continue; no sync work at all
     reduce  sync thread          side             ``reduce_input(snapshot)`` + flags into the
                                                   flat buffer; SUM-allreduce on the sync group
-    flags   sync thread          side (host sync) read [stop, abort]; only this thread blocks
+    flags   sync thread          side (host sync) read [stop, abort by rank]; only this thread
+                                                  blocks
     delta   sync thread          side             ``delta(snapshot, reduced)``; record event;
                                                   post it (at most one posted at a time)
-    pace    sync thread          --               sleep for ``min_interval_s`` /
-                                                  ``max_comm_share``; then round ``r+1``
+    pace    sync thread          --               stay quiet (see Pacing); then round ``r+1``
     ======  ===================  ===============  ==========================================
+
+    Hand-off invariant: *snapshot r is taken after delta r-1 was added to the live replica, and
+    delta r is posted only after delta r-1 was taken.* It holds by construction: the thread
+    posts delta ``r-1`` before it requests snapshot ``r``, both under the hand-off lock, and a
+    step boundary reads the posted delta and the request in one critical section and applies
+    the delta before copying. So a boundary that sees request ``r`` also sees delta ``r-1``
+    (or an earlier boundary took it), and delta ``r`` cannot be posted before snapshot ``r``
+    was copied, by which time delta ``r-1`` was taken. A violation raises, also under ``-O``.
 
     A snapshot is taken only when the thread asks for one, so training pays one O(parameters)
     copy per round, not per step. The thread never writes live parameters.
 
     Pacing: round ``r+1`` starts no earlier than ``min_interval_s`` after round ``r`` started,
-    and no earlier than ``busy * (1 / max_comm_share - 1)`` after it ended, where ``busy`` is the
-    round's time from snapshot to posted delta; the defaults run rounds back to back.
+    no earlier than ``busy * (1 / max_comm_share - 1)`` after it ended (``busy``: the round's
+    time from snapshot to posted delta), and, with ``max_slowdown``, after as many quiet
+    training steps as :class:`SlowdownPacer` finds keep the step rate within that budget. The
+    defaults run rounds back to back.
 
     Stopping: :meth:`stop` raises the stop flag in the next round's buffer; every rank's thread
     leaves after that same round (a rank that is still training simply stops receiving syncs).
     ``stop`` services snapshot requests itself, applies the last delta, and with ``final_sync``
     performs the strategy's consensus (see each strategy) so replicas end bit-identical.
 
-    Failures: an exception on the thread is re-raised by the next :meth:`step` (or
-    :meth:`stop`) as :class:`SyncError`; peers get an abort flag in the round they wait in, so
-    they fail on their next ``step()`` too; a dead peer surfaces as the group's timeout. With
-    ``deadline_s``, ``step()`` also raises when no round has completed for that long.
+    Failures: an exception anywhere on the thread (strategy math, a non-finite replica or
+    delta, pacing, posting) is re-raised by the next :meth:`step` (or :meth:`stop`) as
+    :class:`SyncError`, and peers get an abort flag naming this rank in the round they wait in
+    (or their next), so they fail on their next ``step()`` too; a dead peer surfaces as the
+    group's timeout. With ``deadline_s``, ``step()`` also raises when no round has completed for
+    that long.
 
     :meth:`SyncRunner.state_dict` is only rank-consistent while stopped (each rank's thread is at
     a different point of its round), so it and ``load_state_dict`` raise while running:
     ``stop(final_sync=False)``, checkpoint or restore, ``start()``.
+
+    Example::
+
+        group = new_sync_group()
+        broadcast_(list(model.parameters()))
+        runner = ShadowSyncRunner(list(model.parameters()), ModelAveraging(), group,
+                                  max_slowdown=0.05)
+        runner.start()
+        for x, y in data:
+            loss_fn(model(x), y).backward(); opt.step(); opt.zero_grad()
+            runner.step()
+        runner.stop(final_sync=True)
     """
 
     def __init__(self, params: Sequence[Tensor], strategy: SyncStrategy,
                  group: dist.ProcessGroup, *, min_interval_s: float = 0.0,
-                 max_comm_share: float = 1.0, deadline_s: float | None = None) -> None:
+                 max_comm_share: float = 1.0, max_slowdown: float | None = None,
+                 deadline_s: float | None = None) -> None:
         if not min_interval_s >= 0.0:
             raise ValueError(f"min_interval_s must be >= 0, got {min_interval_s}")
         if not 0.0 < max_comm_share <= 1.0:
@@ -563,6 +696,7 @@ class ShadowSyncRunner(SyncRunner):
         if deadline_s is not None and not deadline_s > min_interval_s:
             raise ValueError(f"deadline_s must be > min_interval_s ({min_interval_s}), "
                              f"got {deadline_s}")
+        self._pacer = SlowdownPacer(max_slowdown) if max_slowdown is not None else None
         super().__init__(params, strategy, group)
         self._min_interval_s = min_interval_s
         self._max_comm_share = max_comm_share
@@ -570,20 +704,30 @@ class ShadowSyncRunner(SyncRunner):
         if self._device.type == "cuda":
             self._stream = torch.cuda.Stream(self._device)
         self._thread: threading.Thread | None = None
-        self._want_snapshot = threading.Event()
-        self._snapshot_ready = threading.Event()
+        # Hand-off state, guarded by self._handoff (its lock is self._lock).
+        self._handoff = threading.Condition(self._lock)
+        self._posted: _Delta | None = None
+        self._want_snapshot = False
         self._stop_requested = threading.Event()
         self._wake = threading.Event()
-        self._posted: _Delta | None = None
-        self._snapshot_step = 0
         self._last_progress = 0.0
         self._abandoned = threading.Event()
+        # Training-thread side of the step clock (accepted-slowdown pacing).
+        self._round_open = False  # a snapshot was taken and its delta not yet applied
+        self._step_began: float | None = None
+        self._step_busy = False
+
+    @property
+    def pacer(self) -> SlowdownPacer | None:
+        """The accepted-slowdown pacer, when ``max_slowdown`` was given."""
+        return self._pacer
 
     def start(self) -> None:
         super().start()
-        for event in (self._want_snapshot, self._snapshot_ready, self._stop_requested,
-                      self._wake):
+        for event in (self._stop_requested, self._wake):
             event.clear()
+        self._want_snapshot = False
+        self._step_began = None
         self._last_progress = time.perf_counter()
         self._thread = threading.Thread(target=self._thread_main, daemon=True,
                                         name=f"shadowsync-rank{self._rank}")
@@ -598,12 +742,18 @@ class ShadowSyncRunner(SyncRunner):
         self._require_running("step()")
         self._check_health()
         self._counters.steps += 1
-        self._boundary()
+        if self._pacer is not None:
+            now = time.perf_counter()
+            if self._step_began is not None:
+                self._pacer.observe(now - self._step_began, self._step_busy)
+            self._step_began = now
+        self._step_busy = self._boundary() or self._round_open
 
     def stop(self, final_sync: bool = True) -> None:
         self._require_running("stop()")
         thread = self._thread
-        assert thread is not None
+        if thread is None:
+            raise RuntimeError("stop(): the runner has no sync thread")
         self._stop_requested.set()
         self._wake.set()
         try:
@@ -624,7 +774,8 @@ class ShadowSyncRunner(SyncRunner):
         inside a collective leaves when its group's timeout expires; one stuck elsewhere (a
         stalled strategy) is left behind, a daemon holding nothing the training loop needs."""
         self._abandoned.set()
-        self._snapshot_ready.set()
+        with self._handoff:
+            self._handoff.notify_all()
         self._wake.set()
         super().abandon()
         self._thread = None
@@ -655,17 +806,26 @@ class ShadowSyncRunner(SyncRunner):
                     f"(round {self._counters.rounds + 1} stalled)")
         self._raise_failure()
 
-    def _boundary(self) -> None:
-        with self._lock:
+    def _boundary(self) -> bool:
+        """Apply the posted delta, then serve a snapshot request; True if either happened.
+
+        Both are read in one critical section (see the hand-off invariant in the class
+        docstring), and the delta is applied before the copy.
+        """
+        with self._handoff:
             done, self._posted = self._posted, None
+            serve = self._want_snapshot
         if done is not None:
             self._apply(done)
-        if self._want_snapshot.is_set():
-            self._want_snapshot.clear()
+            self._round_open = False
+        if serve:
             with record_function("shadowsync.snapshot"):
                 self._copy_live_to_snapshot()
-            self._snapshot_step = self._counters.steps
-            self._snapshot_ready.set()
+            self._round_open = True
+            with self._handoff:
+                self._want_snapshot = False
+                self._handoff.notify_all()
+        return done is not None or serve
 
     # ------------------------------------------------------------------ sync-thread side
     def _thread_main(self) -> None:
@@ -673,8 +833,7 @@ class ShadowSyncRunner(SyncRunner):
             with self._thread_streams():
                 self._loop()
         except BaseException as exc:  # handed to the training loop by step()/stop()
-            with self._lock:
-                self._error = self._error or exc
+            self._fail(exc)
 
     def _thread_streams(self) -> contextlib.ExitStack:
         """The side stream (and its device) as the thread's current ones; nothing on CPU."""
@@ -689,27 +848,40 @@ class ShadowSyncRunner(SyncRunner):
         while True:
             if last is not None:
                 self._pace(*last)
-            self._snapshot_ready.clear()
-            if self._abandoned.is_set():  # checked after clear(): abandon() sets both
-                return
-            self._want_snapshot.set()
-            self._snapshot_ready.wait()
-            if self._abandoned.is_set():
+            if not self._request_snapshot():
                 return
             began = time.perf_counter()
             delta, stop = self._round(self._stop_requested.is_set())
-            ready = self._stream.record_event() if self._stream is not None else None
-            with self._lock:
-                assert self._posted is None, "a delta was posted before the previous one applied"
-                self._posted = _Delta(delta, ready, self._snapshot_step)
+            self._post(_Delta(delta, self._record_ready(), self._snapshot_step))
             last = (began, time.perf_counter())
             self._last_progress = last[1]
             if stop:
                 return
 
+    def _request_snapshot(self) -> bool:
+        """Ask the training loop for a snapshot and wait for it; False if abandoned."""
+        with self._handoff:
+            self._want_snapshot = True
+            while self._want_snapshot and not self._abandoned.is_set():
+                self._handoff.wait()
+        return not self._abandoned.is_set()
+
+    def _record_ready(self) -> torch.cuda.Event | None:
+        """The side stream's event that the delta is computed (None on CPU)."""
+        return self._stream.record_event() if self._stream is not None else None
+
+    def _post(self, done: _Delta) -> None:
+        with self._handoff:
+            if self._posted is not None:
+                raise RuntimeError("hand-off invariant broken: a delta was posted before the "
+                                   "previous one was applied")
+            self._posted = done
+
     def _pace(self, began: float, ended: float) -> None:
         busy = ended - began
         resume = max(began + self._min_interval_s, ended + busy * (1 / self._max_comm_share - 1))
+        if self._pacer is not None:
+            resume = max(resume, ended + self._pacer.quiet_seconds())
         delay = resume - time.perf_counter()
         if delay > 0:
             self._wake.wait(delay)

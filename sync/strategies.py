@@ -15,6 +15,16 @@ local progress; overwriting with the target would throw it away.
 
 Every operation runs in the buffer's dtype and on its device, with Python scalars as the only
 hyper-parameters, so nothing here forces a host synchronization on CUDA.
+
+Fewer bytes a round (``wire_dtype``): every strategy can send its payload in bfloat16 or float16
+instead of the parameters' dtype, halving what crosses the network. What is sent must be small
+and centred for that to lose little, so each payload is a *difference to a reference that is
+bit-identical on every rank*: EASGD's ``alpha (x - center)`` and BMUF's ``global - x`` already
+are, and model averaging then keeps a reference model ``ref`` (the last average) and sends
+``x - ref``. Every rank's state moves only by the reduced (quantized) buffer, so references stay
+identical across ranks, and each round pulls replicas to the new reference exactly, so the
+rounding error of one round does not accumulate into the next. The final consensus always runs
+in full precision.
 """
 
 from __future__ import annotations
@@ -26,11 +36,14 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "WIRE_DTYPES",
     "BlockwiseModelUpdateFiltering",
     "ElasticAveraging",
     "ModelAveraging",
     "SyncStrategy",
 ]
+
+WIRE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 class SyncStrategy(abc.ABC):
@@ -48,8 +61,13 @@ class SyncStrategy(abc.ABC):
     from reduced buffers, so it stays bit-identical across ranks without being communicated.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, wire_dtype: torch.dtype | None = None) -> None:
+        if wire_dtype is not None and wire_dtype not in WIRE_DTYPES:
+            raise ValueError(f"wire_dtype must be one of {list(WIRE_DTYPES)} or None, "
+                             f"got {wire_dtype}")
+        self.wire_dtype = wire_dtype
         self._numel: int | None = None
+        self._dtype = torch.float32
         self._world_size = 0
         self.rounds = 0
 
@@ -69,6 +87,7 @@ class SyncStrategy(abc.ABC):
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         self._numel = params.numel()
+        self._dtype = params.dtype
         self._world_size = world_size
         self.rounds = 0
         self._init_state(params)
@@ -77,9 +96,22 @@ class SyncStrategy(abc.ABC):
     def _init_state(self, params: Tensor) -> None:
         """Create the strategy's state from the (identical) initial replica."""
 
+    @property
+    def compressed(self) -> bool:
+        """Whether payloads travel in a narrower dtype than the parameters."""
+        return self.wire_dtype is not None and self.wire_dtype != self._dtype
+
+    def _to_wire(self, t: Tensor) -> Tensor:
+        """``t`` as it travels (a rounded copy when compressed, else ``t`` itself)."""
+        return t.to(self.wire_dtype) if self.compressed else t
+
+    def _from_wire(self, t: Tensor) -> Tensor:
+        """A reduced buffer back in the parameters' dtype (a copy when compressed)."""
+        return t.to(self._dtype) if t.dtype != self._dtype else t
+
     @abc.abstractmethod
     def reduce_input(self, snapshot: Tensor) -> Tensor:
-        """The buffer this rank contributes to the round's SUM-allreduce."""
+        """The buffer this rank contributes to the round's SUM-allreduce, in ``wire_dtype``."""
 
     @abc.abstractmethod
     def delta(self, snapshot: Tensor, reduced: Tensor) -> Tensor:
@@ -87,11 +119,13 @@ class SyncStrategy(abc.ABC):
 
         Args:
             snapshot: the replica that :meth:`reduce_input` saw this round.
-            reduced: the SUM over ranks of :meth:`reduce_input`. Not kept: it may be reused.
+            reduced: the SUM over ranks of :meth:`reduce_input` (in ``wire_dtype``). Not kept:
+                it may be reused.
         """
 
     def consensus_input(self, snapshot: Tensor) -> Tensor:
-        """What to SUM-allreduce for :meth:`consensus`; by default the replica itself."""
+        """What to SUM-allreduce, in the parameters' dtype, for :meth:`consensus`; by default the
+        replica itself."""
         self._check(snapshot, "snapshot")
         return snapshot
 
@@ -144,20 +178,44 @@ class ModelAveraging(SyncStrategy):
     ``target = sum_k x_k / W``; ``delta = target - x``. This is the averaging used by the
     ShadowSync paper's S-MA / FR-MA (arXiv:2003.03477, Sec. 3) and by local SGD
     (Lin et al., "Don't Use Large Mini-Batches, Use Local SGD", arXiv:1808.07217).
+
+    With a narrower ``wire_dtype`` it keeps a reference ``ref`` (identical on every rank, the
+    previous round's target) and sends ``q_k = wire(x_k - ref)``::
+
+        ref   <- ref + sum_k q_k / W
+        delta_k = ref - x_k
+
+    Stateless (beyond the round counter) otherwise.
     """
 
+    def __init__(self, wire_dtype: torch.dtype | None = None) -> None:
+        super().__init__(wire_dtype)
+        self.reference = torch.empty(0)
+
     def _init_state(self, params: Tensor) -> None:
-        """Stateless beyond the round counter."""
+        self.reference = params.detach().clone() if self.compressed else torch.empty(0)
+
+    def _tensors(self) -> dict[str, Tensor]:
+        return {"reference": self.reference} if self.compressed else {}
 
     def reduce_input(self, snapshot: Tensor) -> Tensor:
         self._check(snapshot, "snapshot")
-        return snapshot
+        return self._to_wire(snapshot - self.reference) if self.compressed else snapshot
 
     def delta(self, snapshot: Tensor, reduced: Tensor) -> Tensor:
         self._check(snapshot, "snapshot")
         self._check(reduced, "reduced")
         self.rounds += 1
-        return reduced.div(self._world_size).sub_(snapshot)
+        if not self.compressed:
+            return reduced.div(self._world_size).sub_(snapshot)
+        self.reference.add_(self._from_wire(reduced).div_(self._world_size))
+        return self.reference - snapshot
+
+    def consensus(self, reduced: Tensor) -> Tensor:
+        average = super().consensus(reduced)
+        if self.compressed:
+            self.reference.copy_(average)
+        return average
 
 
 class ElasticAveraging(SyncStrategy):
@@ -181,8 +239,8 @@ class ElasticAveraging(SyncStrategy):
     them), and the average is what the other strategies end on too.
     """
 
-    def __init__(self, alpha: float) -> None:
-        super().__init__()
+    def __init__(self, alpha: float, wire_dtype: torch.dtype | None = None) -> None:
+        super().__init__(wire_dtype)
         if not 0.0 < alpha <= 1.0:
             raise ValueError(f"alpha must be in (0, 1], got {alpha}")
         self.alpha = alpha
@@ -195,7 +253,8 @@ class ElasticAveraging(SyncStrategy):
         return {"center": self.center}
 
     def _elastic_difference(self, snapshot: Tensor) -> Tensor:
-        return (snapshot - self.center).mul_(self.alpha)
+        """``d_k`` as sent (rounded to the wire dtype when compressed)."""
+        return self._to_wire((snapshot - self.center).mul_(self.alpha))
 
     def reduce_input(self, snapshot: Tensor) -> Tensor:
         self._check(snapshot, "snapshot")
@@ -204,9 +263,10 @@ class ElasticAveraging(SyncStrategy):
     def delta(self, snapshot: Tensor, reduced: Tensor) -> Tensor:
         self._check(snapshot, "snapshot")
         self._check(reduced, "reduced")
-        # Recomputed from the same operands as reduce_input, so bit-identical to what was sent.
-        step = self._elastic_difference(snapshot).neg_()
-        self.center.add_(reduced)
+        # Recomputed from the same operands as reduce_input, so bit-identical to what was sent:
+        # the replica gives up exactly what it contributed to the center.
+        step = self._from_wire(self._elastic_difference(snapshot)).neg_()
+        self.center.add_(self._from_wire(reduced))
         self.rounds += 1
         return step
 
@@ -222,7 +282,8 @@ class BlockwiseModelUpdateFiltering(SyncStrategy):
     Chen & Huo, "Scalable training of deep learning machines by incremental block training with
     intra-block parallel optimization and blockwise model-update filtering", ICASSP 2016
     (doi:10.1109/ICASSP.2016.7472805). The update follows fairseq's ``fairseq/optim/bmuf.py``
-    (``_BM_before_sync`` / ``_BM_after_sync``), with the global model ``g`` kept on every rank::
+    (its block-momentum step before and after the sync), with the global model ``g`` kept on
+    every rank::
 
         grad = g - mean_k x_k             (the allreduce carries g - x_k, like fairseq)
         m    = block_momentum * m + block_lr * grad
@@ -244,8 +305,9 @@ class BlockwiseModelUpdateFiltering(SyncStrategy):
         block_momentum: float | None = None,
         block_lr: float = 1.0,
         nesterov: bool = False,
+        wire_dtype: torch.dtype | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(wire_dtype)
         if block_momentum is not None and not 0.0 <= block_momentum < 1.0:
             raise ValueError(f"block_momentum must be in [0, 1), got {block_momentum}")
         if not block_lr > 0.0:
@@ -268,15 +330,16 @@ class BlockwiseModelUpdateFiltering(SyncStrategy):
 
     def reduce_input(self, snapshot: Tensor) -> Tensor:
         self._check(snapshot, "snapshot")
-        return self.global_model - snapshot
+        return self._to_wire(self.global_model - snapshot)
 
     def consensus_input(self, snapshot: Tensor) -> Tensor:
-        return self.reduce_input(snapshot)
+        self._check(snapshot, "snapshot")
+        return self.global_model - snapshot
 
     def _advance(self, reduced: Tensor) -> Tensor:
         """One block-momentum update of the global model; returns it (a live reference)."""
         self._check(reduced, "reduced")
-        grad = reduced.div(self._world_size)
+        grad = self._from_wire(reduced).div(self._world_size)
         self.momentum.mul_(self.block_momentum).add_(grad, alpha=self.block_lr)
         self.global_model.sub_(self.momentum)
         if self.nesterov:

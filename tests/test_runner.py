@@ -7,6 +7,7 @@ loop slower than a round, as it is in practice, and leave the two cores to the s
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -26,6 +27,7 @@ from torch.distributed.algorithms.model_averaging.averagers import PeriodicModel
 from shadowsync.sync.runner import (
     FixedRateSyncRunner,
     ShadowSyncRunner,
+    SlowdownPacer,
     SyncError,
     SyncStats,
     broadcast_,
@@ -289,6 +291,7 @@ class Run:
     make: Callable[[], SyncStrategy] | None
     pacing: dict[str, float] = dataclasses.field(default_factory=dict)
     lockstep: bool = True
+    max_spread: float = 0.3  # of the unsynchronized control's, at the end of training
 
 
 CONTROL = Run("no_sync", None)
@@ -299,6 +302,9 @@ SHADOW_RUNS = [
     Run("bmuf_nesterov", functools.partial(BlockwiseModelUpdateFiltering, 0.3, nesterov=True)),
     Run("ma_paced", ModelAveraging, {"min_interval_s": 0.01, "max_comm_share": 0.8}),
     Run("ma_uneven", ModelAveraging, lockstep=False),
+    Run("ma_bf16", functools.partial(ModelAveraging, wire_dtype=torch.bfloat16)),
+    Run("easgd_fp16", functools.partial(ElasticAveraging, alpha=0.4, wire_dtype=torch.float16)),
+    Run("ma_slowdown", ModelAveraging, {"max_slowdown": 0.05}, max_spread=0.6),  # rarer rounds
 ]
 
 
@@ -327,6 +333,8 @@ def train_run(rank: int, group: dist.ProcessGroup, run: Run) -> dict[str, Any]:
         out["identical"] = torch.equal(final[0], final[1])
         out["finite"] = bool(final[0].isfinite().all())
         out["numel"] = final[0].numel()
+        wire = run.make().wire_dtype or torch.float32
+        out["wire_bytes"] = torch.empty(0, dtype=wire).element_size()
     out["seconds"] = time.perf_counter() - began
     return out
 
@@ -349,11 +357,13 @@ def test_shadow_runs_sync_in_the_background_and_end_identical() -> None:
             assert 1.0 <= during.sync_gap_mean <= during.sync_gap_max < SHADOW_STEPS, label
             assert 0 <= during.staleness_mean <= during.staleness_max, label
             assert during.comm_seconds > 0 and during.rounds_per_s > 0, label
-            # every round and the final consensus reduce numel + 2 floats
-            assert after.bytes_reduced == (after.rounds + 1) * (run["numel"] + 2) * 4, label
+            # every round reduces numel + 1 + world size wire values (payload, stop, abort by
+            # rank); the final consensus as many float32 values
+            per_round = (run["numel"] + 1 + len(results))
+            assert after.bytes_reduced == per_round * (after.rounds * run["wire_bytes"] + 4), label
             assert after.syncs_applied == after.rounds, label  # stop() drained the last delta
             if spec.lockstep:
-                assert run["spread"] < 0.3 * control, (label, run["spread"], control)
+                assert run["spread"] < spec.max_spread * control, (label, run["spread"], control)
             assert run["identical"] and run["finite"], label
             assert run["seconds"] < 15.0, label
     paced = results[0]["ma_paced"]["during"]
@@ -409,3 +419,229 @@ def test_fault_in_thread_surfaces_as_sync_error_on_both_ranks() -> None:
         assert r["raised_at"] - faulty["failed_at"] < 5.0, r
         assert r["stopped_in"] < 3.0, r
 
+
+
+# ----------------------------------------------------------------------------- hand-off
+class CountingStrategy(ModelAveraging):
+    """Every round's delta adds exactly 1 to every parameter, and each snapshot is recorded.
+
+    With nothing else moving the parameters, snapshot ``r`` (1-based) must read ``r - 1``: it
+    was taken after the ``r - 1`` earlier deltas were applied. A snapshot taken before the
+    previous delta landed reads one less; a lost delta leaves ``syncs_applied < rounds``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[float] = []
+
+    def delta(self, snapshot: Tensor, reduced: Tensor) -> Tensor:
+        self.seen.append(snapshot[0].item())
+        self.rounds += 1
+        return torch.ones_like(snapshot)
+
+
+def hammer(rank: int, world_size: int, rounds: int = 1_000, budget_s: float = 8.0
+           ) -> dict[str, Any]:
+    """Tight step loop against the sync thread with a tiny switch interval (the thread is
+    preempted between any two bytecodes, which is where a two-read hand-off breaks), until
+    ``rounds`` rounds or ``budget_s``: tens of thousands of steps. The hand-off this replaced
+    failed within a few thousand steps here."""
+    import sys
+
+    params = [torch.zeros(4)]
+    strategy = CountingStrategy()
+    runner = ShadowSyncRunner(params, strategy, new_sync_group(timeout=timedelta(seconds=20)))
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        runner.start()
+        began, done = time.perf_counter(), 0
+        while runner.stats().rounds < rounds and time.perf_counter() - began < budget_s:
+            for _ in range(1_000):
+                runner.step()
+            done += 1_000
+        runner.stop(final_sync=False)
+    finally:
+        sys.setswitchinterval(old)
+    s = runner.stats()
+    return {"steps": done, "rounds": s.rounds, "applied": s.syncs_applied,
+            "in_order": strategy.seen == [float(i) for i in range(len(strategy.seen))],
+            "first_bad": next((i for i, v in enumerate(strategy.seen) if v != i), None),
+            "value": params[0][0].item()}
+
+
+def check_hammer(res: dict[str, Any]) -> None:
+    assert res["steps"] >= 20_000 and res["rounds"] >= 300, res
+    assert res["rounds"] == res["applied"] == res["value"], res
+    assert res["in_order"], res
+
+
+def test_handoff_never_snapshots_before_the_previous_delta(world1: dist.ProcessGroup) -> None:
+    check_hammer(hammer(0, 1))
+
+
+def test_handoff_holds_on_two_ranks() -> None:
+    for res in run_ranks(hammer, timeout_s=60):
+        check_hammer(res)
+
+
+# ----------------------------------------------------------------------------- failures
+class FailingRunner(ShadowSyncRunner):
+    """Raises in one stage of the sync thread's loop, in round ``fail_round``."""
+
+    def __init__(self, *args: Any, stage: str | None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.stage = stage
+        self.failed_at: float | None = None
+
+    def _maybe_fail(self, stage: str) -> None:
+        if stage == self.stage and self._counters.rounds >= 3:
+            self.failed_at = time.time()
+            raise RuntimeError(f"injected fault in {stage}")
+
+    def _pace(self, began: float, ended: float) -> None:
+        self._maybe_fail("pace")
+        super()._pace(began, ended)
+
+    def _post(self, done: Any) -> None:
+        self._maybe_fail("post")
+        super()._post(done)
+
+    def _record_ready(self) -> Any:
+        self._maybe_fail("event")
+        return super()._record_ready()
+
+    def _request_snapshot(self) -> bool:
+        self._maybe_fail("ask")
+        return super()._request_snapshot()
+
+
+STAGES = ["pace", "post", "event", "ask"]
+
+
+def stage_failures(rank: int, world_size: int) -> dict[str, Any]:
+    """For each stage, rank 1 fails there; both ranks must raise soon, naming rank 1."""
+    out = {}
+    for stage in STAGES:
+        model = make_model()
+        runner = FailingRunner(params_of(model), ModelAveraging(),
+                               new_sync_group(timeout=timedelta(seconds=30)),
+                               stage=stage if rank == 1 else None, min_interval_s=0.005)
+        runner.start()
+        error: SyncError | None = None
+        for x, y in rank_data(rank, 5000):
+            train_step(model, x, y)
+            try:
+                runner.step()
+            except SyncError as exc:
+                error = exc
+                break
+            time.sleep(STEP_SLEEP_S)
+        raised_at = time.time()
+        with contextlib.suppress(SyncError):
+            runner.stop()
+        out[stage] = {"message": str(error), "raised_at": raised_at,
+                      "failed_at": runner.failed_at}
+        dist.barrier()
+    return out
+
+
+def test_a_failure_anywhere_on_the_thread_reaches_peers() -> None:
+    peer, faulty = run_ranks(stage_failures, timeout_s=90)
+    for stage in STAGES:
+        f, p = faulty[stage], peer[stage]
+        assert f["failed_at"] is not None, stage
+        assert "rank 1" in f["message"] and f"injected fault in {stage}" in f["message"], f
+        assert "rank 0" in p["message"] and "rank(s) [1] failed" in p["message"], (stage, p)
+        for r in (f, p):  # the abort round, not the 30 s group timeout
+            assert r["raised_at"] - f["failed_at"] < 5.0, (stage, r)
+
+
+def nonfinite_run(rank: int, world_size: int) -> dict[str, Any]:
+    """Rank 0's replica goes NaN at step 40 (as a diverging optimizer would make it)."""
+    model = make_model()
+    runner = ShadowSyncRunner(params_of(model), ModelAveraging(),
+                              new_sync_group(timeout=timedelta(seconds=20)))
+    runner.start()
+    error: SyncError | None = None
+    for step, (x, y) in enumerate(rank_data(rank, 3000), start=1):
+        train_step(model, x, y)
+        if rank == 0 and step == 40:
+            with torch.no_grad():
+                next(model.parameters())[0, 0] = math.nan
+        try:
+            runner.step()
+        except SyncError as exc:
+            error = exc
+            break
+        time.sleep(STEP_SLEEP_S)
+    with contextlib.suppress(SyncError):
+        runner.stop()
+    peer_finite = bool(flat(model).isfinite().all()) if rank == 1 else None
+    return {"type": type(error).__name__, "message": str(error), "peer_finite": peer_finite}
+
+
+def test_a_non_finite_replica_fails_on_its_rank_before_peers_average_it() -> None:
+    holder, peer = run_ranks(nonfinite_run, timeout_s=60)
+    assert holder["type"] == "NonFiniteError", holder
+    assert "rank 0" in holder["message"] and "not finite" in holder["message"], holder
+    assert "synchronization round" in holder["message"], holder
+    assert peer["type"] == "PeerAborted" and "rank(s) [0] failed" in peer["message"], peer
+    assert peer["peer_finite"], "the NaN must not have been averaged into the peer's replica"
+
+
+# ----------------------------------------------------------------------------- pacing
+def test_slowdown_pacer_keeps_the_busy_share_within_budget() -> None:
+    """Busy steps 1.5x as long as quiet ones cost 50% while busy: a 5% budget allows 10% busy
+    steps, so a round that kept 2 steps busy is followed by 18 quiet ones."""
+    pacer = SlowdownPacer(0.05)
+    assert pacer.busy_fraction() == 1.0  # nothing measured yet: back to back
+    for _ in range(10):
+        pacer.observe(0.010, busy=False)
+    for _ in range(2):
+        pacer.observe(0.015, busy=True)
+    assert pacer.busy_fraction() == pytest.approx(0.1)
+    assert pacer.quiet_seconds() == pytest.approx(18 * 0.010)
+    # A round that costs less than the budget runs back to back, but every explore_every-th
+    # round leaves 3 quiet steps so the quiet step time stays measured.
+    cheap = SlowdownPacer(0.05, explore_every=4)
+    for seconds, busy in [(0.010, False)] * 5 + [(0.0102, True)] * 5:
+        cheap.observe(seconds, busy)
+    waits = [cheap.quiet_seconds() for _ in range(8)]
+    assert waits == [0, 0, 0, pytest.approx(0.03), 0, 0, 0, pytest.approx(0.03)]
+    with pytest.raises(ValueError, match="max_slowdown"):
+        SlowdownPacer(1.0)
+
+
+class GilHeavyAveraging(ModelAveraging):
+    """Model averaging whose rounds hold the GIL for ``busy_s`` (pure-Python work), so a round
+    in flight slows the training loop as gloo's copies and reductions do on shared cores."""
+
+    def __init__(self, busy_s: float) -> None:
+        super().__init__()
+        self.busy_s = busy_s
+
+    def reduce_input(self, snapshot: Tensor) -> Tensor:
+        end = time.perf_counter() + self.busy_s
+        while time.perf_counter() < end:
+            pass
+        return super().reduce_input(snapshot)
+
+
+def test_accepted_slowdown_spaces_rounds_by_their_measured_cost(
+        world1: dist.ProcessGroup) -> None:
+    def run(**pacing: float) -> SyncStats:
+        runner = ShadowSyncRunner(params_of(make_model()), GilHeavyAveraging(0.01), world1,
+                                  **pacing)
+        runner.start()
+        began = time.perf_counter()
+        while time.perf_counter() - began < 1.5:
+            runner.step()
+            time.sleep(0.002)  # a training step that releases the GIL, like torch ops
+        runner.stop(final_sync=False)
+        return runner.stats()
+
+    free, budgeted = run(), run(max_slowdown=0.05)
+    assert budgeted.rounds >= 3, budgeted
+    # Back to back, nearly every step is busy; at 5% the measured cost spaces rounds out.
+    assert budgeted.rounds < 0.5 * free.rounds, (free, budgeted)
+    assert budgeted.sync_gap_mean > 2 * free.sync_gap_mean, (free, budgeted)

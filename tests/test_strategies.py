@@ -90,30 +90,55 @@ def mean_of(snaps: list[Vec]) -> Vec:
     return [sum(s[i] for s in snaps) / len(snaps) for i in range(NUMEL)]
 
 
-def reference(drift: Drift, rounds: int, algo: str, **hp: float) -> tuple[list[Vec], dict]:
-    """Float64 loops of MA / EASGD / BMUF with delta semantics; returns replicas and state."""
+def exact(v: float) -> float:
+    return v
+
+
+def rounding_to(wire: torch.dtype) -> Callable[[float], float]:
+    """Round a float64 value to ``wire`` (what crosses the network), as a float again."""
+    return lambda v: torch.tensor(v, dtype=torch.float64).to(wire).item()
+
+
+def reference(drift: Drift, rounds: int, algo: str, q: Callable[[float], float] = exact,
+              **hp: float) -> tuple[list[Vec], dict]:
+    """Float64 loops of MA / EASGD / BMUF with delta semantics; returns replicas and state.
+
+    ``q`` rounds what is sent and what the SUM-allreduce returns (the wire dtype); with it, MA
+    sends differences to a reference ``ref`` (its previous target), the others their own
+    differences (EASGD's ``alpha (x - c)``, BMUF's ``g - x``)."""
     init = drift.init.tolist()
     xs = [list(init) for _ in range(WORLD)]
-    state: dict[str, Vec] = {"c": list(init), "g": list(init), "m": [0.0] * NUMEL}
+    state: dict[str, Vec] = {"c": list(init), "g": list(init), "m": [0.0] * NUMEL,
+                             "ref": list(init)}
+
+    def wire_sum(sent: list[Vec]) -> Vec:
+        return [q(sum(v[i] for v in sent)) for i in range(NUMEL)]
+
     for r in range(rounds):
         for k in range(WORLD):
             xs[k] = [a + b for a, b in zip(xs[k], drift.before[r][k].tolist(), strict=True)]
         snaps = [list(x) for x in xs]
         for k in range(WORLD):
             xs[k] = [a + b for a, b in zip(xs[k], drift.in_flight[r][k].tolist(), strict=True)]
-        if algo == "ma":
+        if algo == "ma" and q is not exact:
+            ref = state["ref"]
+            total = wire_sum([[q(s[i] - ref[i]) for i in range(NUMEL)] for s in snaps])
+            state["ref"] = ref = [ref[i] + total[i] / WORLD for i in range(NUMEL)]
+            deltas = [[ref[i] - s[i] for i in range(NUMEL)] for s in snaps]
+        elif algo == "ma":
             mean = mean_of(snaps)
             deltas = [[mean[i] - s[i] for i in range(NUMEL)] for s in snaps]
         elif algo == "easgd":
             c = state["c"]
-            d = [[hp["alpha"] * (s[i] - c[i]) for i in range(NUMEL)] for s in snaps]
-            state["c"] = [c[i] + sum(dk[i] for dk in d) for i in range(NUMEL)]
+            d = [[q(hp["alpha"] * (s[i] - c[i])) for i in range(NUMEL)] for s in snaps]
+            total = wire_sum(d)
+            state["c"] = [c[i] + total[i] for i in range(NUMEL)]
             deltas = [[-v for v in dk] for dk in d]
         else:
             bm, lr = hp["block_momentum"], hp["block_lr"]
-            mean = mean_of(snaps)
             g, m = state["g"], state["m"]
-            m = [bm * m[i] + lr * (g[i] - mean[i]) for i in range(NUMEL)]
+            total = wire_sum([[q(g[i] - s[i]) for i in range(NUMEL)] for s in snaps])
+            m = [bm * m[i] + lr * total[i] / WORLD for i in range(NUMEL)]
             g = [g[i] - m[i] for i in range(NUMEL)]
             if hp.get("nesterov"):
                 g = [g[i] - bm * m[i] for i in range(NUMEL)]
@@ -152,6 +177,73 @@ def test_matches_float64_reference(case: str, dtype: torch.dtype, tol: float) ->
         if isinstance(s, BlockwiseModelUpdateFiltering):
             assert_matches(s.global_model, ref_state["g"], tol)
             assert_matches(s.momentum, ref_state["m"], tol)
+
+
+WIRE_CASES: dict[str, Callable[[torch.dtype], SyncStrategy]] = {
+    "ma": lambda wire: ModelAveraging(wire_dtype=wire),
+    "easgd": lambda wire: ElasticAveraging(alpha=0.3, wire_dtype=wire),
+    "bmuf": lambda wire: BlockwiseModelUpdateFiltering(wire_dtype=wire),
+    "bmuf_nesterov": lambda wire: BlockwiseModelUpdateFiltering(0.7, block_lr=0.8,
+                                                                nesterov=True, wire_dtype=wire),
+}
+
+
+def simulate_wire(strategies: list[SyncStrategy], replicas: list[Tensor], drift: Drift,
+                  rounds: range, wire: torch.dtype) -> None:
+    """:func:`simulate` with the SUM-allreduce done in the wire dtype, as gloo does it."""
+    for r in rounds:
+        for x, d in zip(replicas, drift.before[r], strict=True):
+            x += d.to(x.dtype)
+        snapshots = [x.clone() for x in replicas]
+        sent = [s.reduce_input(x) for s, x in zip(strategies, snapshots, strict=True)]
+        assert all(t.dtype == wire for t in sent)
+        reduced = torch.stack(sent).double().sum(0).to(wire)
+        for x, d in zip(replicas, drift.in_flight[r], strict=True):
+            x += d.to(x.dtype)
+        for s, x, snap in zip(strategies, replicas, snapshots, strict=True):
+            x += s.delta(snap, reduced.clone())
+
+
+@pytest.mark.parametrize("case", sorted(WIRE_CASES))
+@pytest.mark.parametrize("wire", [torch.bfloat16, torch.float16])
+def test_wire_dtype_matches_float64_reference(case: str, wire: torch.dtype) -> None:
+    """Payloads in a narrow dtype: the equations with rounding exactly where the bytes travel
+    (float64 parameters, so rounding on the wire is the only one)."""
+    _, algo, hp = CASES[case]
+    drift = make_drift(ROUNDS, seed=4)
+    strategies, replicas = start(lambda: WIRE_CASES[case](wire), torch.float64, drift)
+    simulate_wire(strategies, replicas, drift, range(ROUNDS), wire)
+    ref_xs, ref_state = reference(drift, ROUNDS, algo, q=rounding_to(wire), **hp)
+    for x, ref in zip(replicas, ref_xs, strict=True):
+        assert_matches(x, ref, 1e-12)
+    states = [s.state_dict() for s in strategies]
+    for key, value in states[0].items():  # references stay bit-identical across ranks
+        if isinstance(value, Tensor):
+            assert torch.equal(value, states[1][key]), key
+    if algo == "ma":
+        assert_matches(strategies[0].reference, ref_state["ref"], 1e-12)
+    if algo == "easgd":
+        assert_matches(strategies[0].center, ref_state["c"], 1e-12)
+
+
+def test_wire_rounding_does_not_accumulate() -> None:
+    """Model averaging in bfloat16 stays within one round's rounding of exact averaging over
+    many rounds: each round pulls replicas to the new reference exactly, so an error is never
+    carried into the next round's difference."""
+    rounds = 60
+    drift = make_drift(rounds, seed=5)
+    exact_s, exact_x = start(ModelAveraging, torch.float64, drift)
+    wire_s, wire_x = start(lambda: ModelAveraging(wire_dtype=torch.bfloat16), torch.float64,
+                           drift)
+    worst = 0.0
+    for r in range(rounds):
+        simulate(exact_s, exact_x, drift, range(r, r + 1))
+        simulate_wire(wire_s, wire_x, drift, range(r, r + 1), torch.bfloat16)
+        worst = max(worst, max((a - b).abs().max().item()
+                               for a, b in zip(exact_x, wire_x, strict=True)))
+    # |x - ref| is about 0.1 * sqrt(rounds) here; one bfloat16 rounding of it is < 2^-8 of it.
+    spread = max((x - wire_s[0].reference).abs().max().item() for x in wire_x)
+    assert 0 < worst < 4 * 2**-8 * max(spread, 0.5)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -223,6 +315,7 @@ def test_bmuf_block_momentum_defaults_to_one_minus_one_over_world() -> None:
     (lambda: ElasticAveraging(alpha=1.5), "alpha"),
     (lambda: BlockwiseModelUpdateFiltering(block_momentum=1.0), "block_momentum"),
     (lambda: BlockwiseModelUpdateFiltering(block_lr=0.0), "block_lr"),
+    (lambda: ModelAveraging(wire_dtype=torch.int8), "wire_dtype"),
 ])
 def test_rejects_bad_hyperparameters(make: Callable[[], SyncStrategy], match: str) -> None:
     with pytest.raises(ValueError, match=match):
