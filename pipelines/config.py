@@ -76,6 +76,13 @@ class SyncConfig:
     an error naming the rank; ``degrade`` lets every rank train its own replica (all ranks switch
     on the same step) and rejoin after ``rejoin_after_steps`` steps, or at the next checkpoint,
     evaluation or end of training if sooner, on a fresh group with the replicas averaged.
+
+    Pacing of shadow rounds: ``max_slowdown`` is the share of the training step rate the user
+    accepts to lose to synchronization (0.05: keep >= 95%); the runner measures what a round in
+    flight costs a step and spaces rounds to stay within it, so the sync gap adapts to the
+    link, the CPU and the model. ``min_interval_s`` and ``max_comm_share`` are fixed floors on
+    the spacing. ``wire_dtype`` sends each round's payload in bfloat16 or float16 (differences
+    to a rank-identical reference; half the bytes), shadow and fixed-rate alike.
     """
 
     algorithm: SyncAlgorithm = "none"
@@ -87,6 +94,8 @@ class SyncConfig:
     nesterov: bool = False
     min_interval_s: float = 0.0
     max_comm_share: float | None = None
+    max_slowdown: float | None = None
+    wire_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     final_sync: bool = True
     timeout_s: float = 300.0
     backend: Literal["gloo", "nccl"] = "gloo"
@@ -198,6 +207,8 @@ class RunConfig:
             raise ValueError(f"sync.block_momentum must be in [0, 1), got {s.block_momentum}")
         if s.max_comm_share is not None and not 0 < s.max_comm_share <= 1:
             raise ValueError(f"sync.max_comm_share must be in (0, 1], got {s.max_comm_share}")
+        if s.max_slowdown is not None and not 0 < s.max_slowdown < 1:
+            raise ValueError(f"sync.max_slowdown must be in (0, 1), got {s.max_slowdown}")
         if s.min_interval_s < 0:
             raise ValueError(f"sync.min_interval_s must be >= 0, got {s.min_interval_s}")
 

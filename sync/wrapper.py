@@ -167,13 +167,15 @@ class PeriodicAveragerReplicas(LocalReplicas):
 
 def make_strategy(cfg: SyncConfig) -> SyncStrategy:
     """The strategy named by ``sync.algorithm`` with its settings."""
+    wire = getattr(torch, cfg.wire_dtype)
     if cfg.algorithm == "ma":
-        return ModelAveraging()
+        return ModelAveraging(wire_dtype=wire)
     if cfg.algorithm == "easgd":
-        return ElasticAveraging(alpha=cfg.alpha)
+        return ElasticAveraging(alpha=cfg.alpha, wire_dtype=wire)
     if cfg.algorithm == "bmuf":
         return BlockwiseModelUpdateFiltering(
-            block_momentum=cfg.block_momentum, block_lr=cfg.block_lr, nesterov=cfg.nesterov
+            block_momentum=cfg.block_momentum, block_lr=cfg.block_lr, nesterov=cfg.nesterov,
+            wire_dtype=wire,
         )
     raise ValueError(f"sync.algorithm: {cfg.algorithm!r} is not a ShadowSync strategy")
 
@@ -243,6 +245,7 @@ class ShadowSyncReplicas(LocalReplicas):
                 group,
                 min_interval_s=cfg.min_interval_s,
                 max_comm_share=cfg.max_comm_share if cfg.max_comm_share is not None else 1.0,
+                max_slowdown=cfg.max_slowdown,
                 deadline_s=cfg.timeout_s,
             )
         self.runner.start()
