@@ -14,11 +14,12 @@ from typing import Literal
 import torch
 from torch import nn
 from torchrec.datasets.utils import Batch
-from torchrec.modules.crossnet import LowRankCrossNet
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.modules.mlp import MLP
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from shadowsync.models.init import reset_from_seed_
 
 
 @dataclass
@@ -139,6 +140,61 @@ class DotInteraction(nn.Module):
         return torch.cat((dense, gram[:, self.triu_indices[0], self.triu_indices[1]]), dim=1)
 
 
+class _XavierNormalList(nn.ParameterList):
+    """Kernels of a cross layer; can initialize itself (DistributedModelParallel calls
+    ``reset_parameters()`` on every module that held parameters on ``meta``)."""
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            for p in self:
+                nn.init.xavier_normal_(p)
+
+
+class _ZerosList(nn.ParameterList):
+    """Biases of a cross layer; initialize to zero (see :class:`_XavierNormalList`)."""
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            for p in self:
+                nn.init.zeros_(p)
+
+
+class LowRankCrossNet(nn.Module):
+    """TorchRec's ``LowRankCrossNet`` (DCNv2's low-rank cross layers), buildable on ``meta``.
+
+    ``x_{l+1} = x_0 * (W_l (V_l x_l) + b_l) + x_l``. Same parameter names, shapes, forward and
+    initialization (Xavier-normal ``W_kernels`` then ``V_kernels``, zero ``bias``, drawn in
+    TorchRec's order) as ``torchrec.modules.crossnet.LowRankCrossNet``, whose parameter lists
+    have no ``reset_parameters()`` and so stay uninitialized when DistributedModelParallel
+    materializes them from ``meta``; here every list initializes itself.
+    """
+
+    def __init__(self, in_features: int, num_layers: int, low_rank: int = 1,
+                 device: torch.device | None = None) -> None:
+        super().__init__()
+        if low_rank < 1 or num_layers < 1:
+            raise ValueError(f"low_rank and num_layers must be >= 1, got {low_rank}, {num_layers}")
+        self._num_layers = num_layers
+        self.W_kernels = _XavierNormalList(
+            [nn.Parameter(torch.empty(in_features, low_rank, device=device))
+             for _ in range(num_layers)])
+        self.V_kernels = _XavierNormalList(
+            [nn.Parameter(torch.empty(low_rank, in_features, device=device))
+             for _ in range(num_layers)])
+        self.bias = _ZerosList(
+            [nn.Parameter(torch.empty(in_features, device=device)) for _ in range(num_layers)])
+        for part in (self.W_kernels, self.V_kernels, self.bias):
+            part.reset_parameters()
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        x_0 = x_l = features
+        for layer in range(self._num_layers):
+            x_l_v = nn.functional.linear(x_l, self.V_kernels[layer])
+            x_l_w = nn.functional.linear(x_l_v, self.W_kernels[layer])
+            x_l = x_0 * (x_l_w + self.bias[layer]) + x_l
+        return x_l
+
+
 class CrossInteraction(nn.Module):
     """DCNv2's interaction: low-rank cross layers over the concatenated F+1 vectors."""
 
@@ -213,6 +269,20 @@ class DLRM(nn.Module):
     def _interaction(self, device: torch.device | None) -> nn.Module:
         return DotInteraction(self.sparse_arch.F)
 
+    def dense_modules(self) -> list[nn.Module]:
+        """The dense part, every replica's own: bottom MLP, interaction, top MLP."""
+        return [self.dense_arch, self.inter_arch, self.over_arch]
+
+    def reset_dense_parameters(self, seed: int) -> None:
+        """Initializes the dense part from ``seed`` alone (:func:`~.init.reset_from_seed_`).
+
+        The same values whether the model was built on CPU, on a GPU, or on ``meta`` and
+        materialized by DistributedModelParallel, for any world size and sharding plan: the
+        embedding tables draw from the global RNG before, in amounts that depend on the plan,
+        and do not move this. The embedding tables are left alone.
+        """
+        reset_from_seed_(self.dense_modules(), seed)
+
     def forward(
         self, dense_features: torch.Tensor, sparse_features: KeyedJaggedTensor
     ) -> torch.Tensor:
@@ -255,8 +325,9 @@ class DLRM_DCN(DLRM):  # noqa: N801 - the name users know from torchrec.models.d
             in_features=(self.sparse_arch.F + 1) * self.sparse_arch.D,
             num_layers=num_layers,
             low_rank=low_rank,
+            device=device,
         )
-        return CrossInteraction(self.sparse_arch.F, crossnet.to(device) if device else crossnet)
+        return CrossInteraction(self.sparse_arch.F, crossnet)
 
 
 class DLRMTrain(nn.Module):
@@ -281,9 +352,17 @@ def build_dlrm(
     sparse_names: list[str],
     num_embeddings: list[int],
     device: torch.device,
+    seed: int | None = None,
 ) -> DLRMTrain:
-    """Builds the model zoo's DLRM (``dot``) or DLRM-DCN (``dcn``) on ``device`` (``meta`` is fine:
-    DistributedModelParallel materializes only the shards each rank owns)."""
+    """Builds the model zoo's DLRM (``dot``) or DLRM-DCN (``dcn``) on ``device``.
+
+    ``meta`` is fine: DistributedModelParallel materializes only the shards each rank owns,
+    and every module holding parameters can initialize itself (``reset_parameters()``).
+    With ``seed``, the dense part is initialized from it alone
+    (:meth:`DLRM.reset_dense_parameters`; on ``meta``, call that after materializing): the
+    dense part the training job builds through DistributedModelParallel with
+    ``train.seed=seed``. Without, everything draws from the global RNG as it is built.
+    """
     cfg.validate()
     ebc = EmbeddingBagCollection(
         tables=cfg.embedding_bag_configs(sparse_names, num_embeddings), device=device
@@ -306,4 +385,6 @@ def build_dlrm(
             cfg.over_arch_layer_sizes,
             dense_device=device,
         )
+    if seed is not None and device.type != "meta":
+        model.reset_dense_parameters(seed)
     return DLRMTrain(model)

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.model_parallel import DistributedModelParallel, get_unwrapped_module
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
 from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.distributed.types import ShardingPlan
@@ -22,6 +22,7 @@ from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
 from shadowsync.datasets import DataSpec
 from shadowsync.models import build_dlrm
+from shadowsync.models.init import require_initializable
 from shadowsync.pipelines.config import ROW_WISE_FAMILY, RunConfig
 from shadowsync.sync.wrapper import (
     DDPReplicas,
@@ -123,11 +124,16 @@ def _meta_model_and_planner(
     cfg: RunConfig, spec: DataSpec, world_size: int, device: torch.device
 ) -> tuple[nn.Module, EmbeddingShardingPlanner]:
     """The model on ``meta`` with its embedding optimizer fused into backward, and a planner
-    for ``world_size`` ranks on ``device``."""
+    for ``world_size`` ranks on ``device``.
+
+    Raises :class:`~shadowsync.models.init.NotInitializable` naming any module that
+    DistributedModelParallel could materialize but not initialize.
+    """
     model = build_dlrm(
         cfg.model, len(spec.dense_names), spec.sparse_names, spec.num_embeddings,
         torch.device("meta"),
     )
+    require_initializable(model)
     sparse = _SPARSE_OPTIMIZERS[cfg.optim.sparse]
     apply_optimizer_in_backward(
         sparse,
@@ -167,7 +173,9 @@ def build_sharded_model(
 ) -> tuple[DistributedModelParallel, ShardingPlan]:
     """Builds the model on ``meta``, plans its sharding and lets DMP materialize each rank's part.
 
-    The embedding optimizer is fused into backward; the dense replicas go to ``wrapper``.
+    The embedding optimizer is fused into backward. The dense part is initialized from
+    ``train.seed`` alone, before ``wrapper`` gets the replicas: every rank holds the same values
+    as ``build_dlrm(..., device="cpu", seed=train.seed)``, whatever the plan and world size.
     """
     torch.manual_seed(cfg.train.seed)
     model, planner = _meta_model_and_planner(cfg, spec, env.world_size, env.device)
@@ -179,7 +187,10 @@ def build_sharded_model(
         plan=plan,
         sharders=sharders,
         data_parallel_wrapper=wrapper,
+        init_data_parallel=False,  # the wrapper takes the replicas once they are initialized
     )
+    get_unwrapped_module(dmp).model.reset_dense_parameters(cfg.train.seed)
+    dmp.init_data_parallel()
     return dmp, plan
 
 

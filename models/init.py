@@ -1,0 +1,83 @@
+"""Initialization that survives building on ``meta``.
+
+``DistributedModelParallel`` materializes a model built on ``meta`` module by module: every
+parameter becomes ``torch.empty_like`` (whatever memory held) and the module's
+``reset_parameters()`` is called, if it has one. A module that holds parameters and has no
+``reset_parameters()`` (``torch.nn.ParameterList`` is one) keeps garbage, silently.
+:func:`require_initializable` turns that into an error at build time, naming the module;
+:func:`reset_from_seed_` initializes modules from a seed alone, independent of what the global
+RNG served before (the embedding tables draw from it in amounts that depend on the sharding plan).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+__all__ = ["NotInitializable", "require_initializable", "reset_from_seed_",
+           "uninitializable_modules"]
+
+
+class NotInitializable(TypeError):
+    """A module built on ``meta`` holds parameters and has no ``reset_parameters()``."""
+
+
+def _own_parameters(module: nn.Module) -> list[nn.Parameter]:
+    """The parameters ``module`` holds itself (not its children's)."""
+    return [p for p in module._parameters.values() if p is not None]
+
+
+def uninitializable_modules(module: nn.Module) -> list[str]:
+    """Names (with class) of the modules under ``module`` that hold parameters on ``meta``
+    and have no ``reset_parameters()`` to initialize them after materialization."""
+    return [
+        f"{name or '<root>'} ({type(m).__name__})"
+        for name, m in module.named_modules()
+        if any(p.is_meta for p in _own_parameters(m))
+        and not callable(getattr(m, "reset_parameters", None))
+    ]
+
+
+def require_initializable(module: nn.Module) -> None:
+    """Raises :class:`NotInitializable` naming every module that DistributedModelParallel
+    would materialize from ``meta`` without initializing it."""
+    bad = uninitializable_modules(module)
+    if bad:
+        raise NotInitializable(
+            f"{', '.join(bad)}: holds parameters on meta but has no reset_parameters(), so "
+            "DistributedModelParallel would materialize them with torch.empty_like and never "
+            "initialize them; give the module a reset_parameters()"
+        )
+
+
+def reset_from_seed_(modules: Iterable[nn.Module], seed: int) -> None:
+    """Calls ``reset_parameters()`` on every module holding parameters under ``modules``, in
+    order, drawing from a CPU generator seeded with ``seed``.
+
+    The values depend on ``seed`` and the modules alone: not on the global RNG's state (which
+    is left as it was), nor on the device (modules off the CPU are initialized on a CPU copy).
+    """
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(seed)
+        for root in modules:
+            for name, m in root.named_modules():
+                own = _own_parameters(m)
+                if not own:
+                    continue
+                if any(p.is_meta for p in own):
+                    raise ValueError(f"{name} ({type(m).__name__}) is still on meta: "
+                                     "materialize it before initializing")
+                reset = getattr(m, "reset_parameters", None)
+                if not callable(reset):
+                    raise NotInitializable(f"{name} ({type(m).__name__}) holds parameters and "
+                                           "has no reset_parameters()")
+                if all(p.device.type == "cpu" for p in own):
+                    reset()
+                    continue
+                on_cpu = copy.deepcopy(m).cpu()
+                on_cpu.reset_parameters()
+                for p, q in zip(own, _own_parameters(on_cpu), strict=True):
+                    p.copy_(q)
