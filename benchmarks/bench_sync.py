@@ -22,11 +22,13 @@ import argparse
 import json
 import logging
 import math
+import os
 import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from shadowsync.datasets import build_dataset
@@ -51,12 +53,31 @@ def parse_arm(spec: str) -> tuple[str, list[str]]:
     return name.strip(), overrides.split()
 
 
+def _tx_bytes() -> int | None:
+    """Bytes this host has sent on the interface gloo uses (``GLOO_SOCKET_IFNAME``), from
+    sysfs; None where that is not one interface of this network namespace (loopback runs)."""
+    iface = os.environ.get("GLOO_SOCKET_IFNAME", "")
+    path = Path("/sys/class/net") / iface / "statistics" / "tx_bytes"
+    if not iface or "," in iface or iface == "lo" or not path.exists():
+        return None
+    return int(path.read_text())
+
+
 def run_arm(env: DistEnv, preset: str, overrides: list[str]) -> dict[str, Any]:
-    """One full training run and final eval; collective."""
+    """One full training run and final eval; collective. On an emulated cluster (see
+    ``cluster.py``) also the bytes every host put on its link, summed over hosts (embedding
+    all-to-alls, synchronization and the final evaluation's gathers)."""
     cfg = load_config(preset, overrides)
     trainer = Trainer(cfg, env, build_dataset(cfg.data.name, **cfg.data.options))
     dist.barrier()
-    return trainer.train()
+    before = _tx_bytes()
+    summary = trainer.train()
+    after = _tx_bytes()
+    if before is not None and after is not None:
+        sent = torch.tensor([after - before], dtype=torch.float64)
+        dist.all_reduce(sent)
+        summary["wire_bytes"] = float(sent.item())
+    return summary
 
 
 def run_all(

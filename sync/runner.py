@@ -53,6 +53,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+_CONTROL = 2  # [stop, quiet seconds] after the payload, then the abort flags by rank
 _POLL_S = 0.002  # how often stop() services snapshot requests while the thread winds down
 
 
@@ -116,6 +117,14 @@ class _Counters:
     comm_seconds: float = 0.0
     bytes_reduced: int = 0
     wall_seconds: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class _Control:
+    """What the ranks agreed in one allreduce: stop after it, and the pause before the next."""
+
+    stop: bool
+    quiet_s: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,10 +254,11 @@ class SyncRunner(abc.ABC):
         dtype = self._params[0].dtype
         self._snapshot = torch.empty(self._numel, dtype=dtype, device=self._device)
         self._snapshot_views = _views(self._snapshot, self._params)
-        # The reduced buffer: [payload (numel, in the strategy's wire dtype), stop, abort by
-        # rank (world size)]. The flags ride in the payload's allreduce, so every rank learns of a
-        # stop request or of which peer failed on the same round and nobody is left blocked.
-        self._comm = torch.empty(self._numel + 1 + self._world_size,
+        # The reduced buffer: [payload (numel, in the strategy's wire dtype), stop, quiet seconds,
+        # abort by rank (world size)]. The control values ride in the payload's allreduce, so
+        # every rank learns of a stop request, of which peer failed, and of the agreed pause
+        # before the next round on the same round, and nobody is left blocked.
+        self._comm = torch.empty(self._numel + _CONTROL + self._world_size,
                                  dtype=strategy.wire_dtype or dtype, device=self._device)
         self._reduced = self._comm[: self._numel]
         self._peers_told = False  # an abort round was spent, or peers cannot be reached
@@ -378,9 +388,11 @@ class SyncRunner(abc.ABC):
         main.wait_stream(self._stream)
 
     def _allreduce(self, comm: Tensor, payload: Tensor | None, *, stop: bool = False,
-                   abort: bool = False) -> bool:
-        """SUM-allreduce ``payload`` (zeros if None) and the flags through ``comm``; True if any
-        rank asked to stop. Raises :class:`PeerAborted` naming the ranks that aborted.
+                   quiet_s: float = 0.0, abort: bool = False) -> _Control:
+        """SUM-allreduce ``payload`` (zeros if None) and the control values through ``comm``:
+        whether any rank asked to stop, and the ranks' mean ``quiet_s`` (each rank's proposal
+        for the pause before the next round). Raises :class:`PeerAborted` naming the ranks that
+        aborted.
 
         Reading the flags synchronizes the calling thread with its current stream; in shadow mode
         that is the sync thread and its side stream, never the training loop.
@@ -393,25 +405,26 @@ class SyncRunner(abc.ABC):
                 comm[:n].copy_(payload)
             comm[n:].zero_()
             comm[n].fill_(float(stop))
+            comm[n + 1].fill_(quiet_s)
             if abort:
-                comm[n + 1 + self._rank].fill_(1.0)
+                comm[n + _CONTROL + self._rank].fill_(1.0)
             began = time.perf_counter()
             try:
                 dist.all_reduce(comm, op=dist.ReduceOp.SUM, group=self._group)
             except BaseException:
                 self._peers_told = True  # the group itself is in doubt: no abort round
                 raise
-            flags = (comm[n:] > 0).tolist()
+            control = comm[n:].tolist()
             elapsed = time.perf_counter() - began
         with self._lock:
             self._counters.comm_seconds += elapsed
             self._counters.bytes_reduced += comm.numel() * comm.element_size()
-        aborted = [r for r, flag in enumerate(flags[1:]) if flag and r != self._rank]
+        aborted = [r for r, flag in enumerate(control[_CONTROL:]) if flag > 0 and r != self._rank]
         if aborted:
             self._peers_told = True  # every rank saw the same flags in this round
             raise PeerAborted(f"rank(s) {aborted} failed and aborted synchronization round "
                               f"{self._counters.rounds + 1} (see that rank's error)")
-        return bool(flags[0])
+        return _Control(stop=control[0] > 0, quiet_s=control[1] / self._world_size)
 
     def _fail(self, exc: BaseException) -> None:
         """Record a failure of this rank's synchronization and make sure peers learn of it.
@@ -439,8 +452,10 @@ class SyncRunner(abc.ABC):
                 f"rank {self._rank}: {what} is not finite in synchronization round "
                 f"{self._counters.rounds + 1} (snapshot of step {self._snapshot_step})")
 
-    def _round(self, request_stop: bool = False) -> tuple[Tensor, bool]:
-        """One strategy round on the snapshot; returns (delta, whether ranks agreed to stop).
+    def _round(self, request_stop: bool = False, quiet_s: float = 0.0
+               ) -> tuple[Tensor, _Control]:
+        """One strategy round on the snapshot, with this rank's stop request and proposed pause;
+        returns the delta and what the ranks agreed.
 
         The caller hands any exception to :meth:`_fail`. A replica or delta that is not finite
         raises :class:`NonFiniteError` on the rank that holds it, before its peers average it in.
@@ -448,15 +463,15 @@ class SyncRunner(abc.ABC):
         self._check_finite(self._snapshot, "the dense replica")
         with record_function("shadowsync.reduce_input"):
             payload = self._strategy.reduce_input(self._snapshot)
-        stop = self._allreduce(self._comm, payload, stop=request_stop)
-        if stop:
+        control = self._allreduce(self._comm, payload, stop=request_stop, quiet_s=quiet_s)
+        if control.stop:
             self._peers_told = True  # every rank leaves after this round
         with record_function("shadowsync.delta"):
             delta = self._strategy.delta(self._snapshot, self._reduced)
         self._check_finite(delta, "the delta")
         with self._lock:
             self._counters.rounds += 1
-        return delta, stop
+        return delta, control
 
     @torch.no_grad()
     def _apply(self, done: _Delta) -> None:
@@ -594,8 +609,8 @@ class SlowdownPacer:
         return 1.0 if cost <= self.max_slowdown else self.max_slowdown / cost
 
     def quiet_seconds(self) -> float:
-        """Called once per finished round (sync thread): how long to stay quiet before the next
-        round, from the busy steps this round caused and the current busy fraction."""
+        """Called once per round as it starts (sync thread): this rank's proposal for the pause
+        after it, from the busy steps the previous round caused and the current busy fraction."""
         f = self.busy_fraction()
         with self._lock:
             self._rounds += 1
@@ -653,8 +668,9 @@ class ShadowSyncRunner(SyncRunner):
     Pacing: round ``r+1`` starts no earlier than ``min_interval_s`` after round ``r`` started,
     no earlier than ``busy * (1 / max_comm_share - 1)`` after it ended (``busy``: the round's
     time from snapshot to posted delta), and, with ``max_slowdown``, after as many quiet
-    training steps as :class:`SlowdownPacer` finds keep the step rate within that budget. The
-    defaults run rounds back to back.
+    training steps as :class:`SlowdownPacer` finds keep the step rate within that budget. Each
+    rank proposes that pause in the round's buffer and all take the mean, so the ranks start
+    their next round together. The defaults run rounds back to back.
 
     Stopping: :meth:`stop` raises the stop flag in the next round's buffer; every rank's thread
     leaves after that same round (a rank that is still training simply stops receiving syncs).
@@ -844,18 +860,22 @@ class ShadowSyncRunner(SyncRunner):
         return stack
 
     def _loop(self) -> None:
-        last: tuple[float, float] | None = None
+        last: tuple[float, float, float] | None = None
         while True:
             if last is not None:
                 self._pace(*last)
             if not self._request_snapshot():
                 return
             began = time.perf_counter()
-            delta, stop = self._round(self._stop_requested.is_set())
+            # Each rank proposes its pause from its own step clock; all take the mean, so the
+            # ranks' next rounds start together instead of one waiting for the other inside
+            # the allreduce.
+            proposal = self._pacer.quiet_seconds() if self._pacer is not None else 0.0
+            delta, control = self._round(self._stop_requested.is_set(), proposal)
             self._post(_Delta(delta, self._record_ready(), self._snapshot_step))
-            last = (began, time.perf_counter())
+            last = (began, time.perf_counter(), control.quiet_s)
             self._last_progress = last[1]
-            if stop:
+            if control.stop:
                 return
 
     def _request_snapshot(self) -> bool:
@@ -877,11 +897,11 @@ class ShadowSyncRunner(SyncRunner):
                                    "previous one was applied")
             self._posted = done
 
-    def _pace(self, began: float, ended: float) -> None:
+    def _pace(self, began: float, ended: float, quiet_s: float) -> None:
+        """Sleep until the next round may start; ``quiet_s`` is the ranks' agreed pause."""
         busy = ended - began
-        resume = max(began + self._min_interval_s, ended + busy * (1 / self._max_comm_share - 1))
-        if self._pacer is not None:
-            resume = max(resume, ended + self._pacer.quiet_seconds())
+        resume = max(began + self._min_interval_s, ended + busy * (1 / self._max_comm_share - 1),
+                     ended + quiet_s)
         delay = resume - time.perf_counter()
         if delay > 0:
             self._wake.wait(delay)

@@ -357,9 +357,9 @@ def test_shadow_runs_sync_in_the_background_and_end_identical() -> None:
             assert 1.0 <= during.sync_gap_mean <= during.sync_gap_max < SHADOW_STEPS, label
             assert 0 <= during.staleness_mean <= during.staleness_max, label
             assert during.comm_seconds > 0 and during.rounds_per_s > 0, label
-            # every round reduces numel + 1 + world size wire values (payload, stop, abort by
-            # rank); the final consensus as many float32 values
-            per_round = (run["numel"] + 1 + len(results))
+            # every round reduces numel + 2 + world size wire values (payload, stop, quiet
+            # seconds, abort by rank); the final consensus as many float32 values
+            per_round = run["numel"] + 2 + len(results)
             assert after.bytes_reduced == per_round * (after.rounds * run["wire_bytes"] + 4), label
             assert after.syncs_applied == after.rounds, label  # stop() drained the last delta
             if spec.lockstep:
@@ -498,9 +498,9 @@ class FailingRunner(ShadowSyncRunner):
             self.failed_at = time.time()
             raise RuntimeError(f"injected fault in {stage}")
 
-    def _pace(self, began: float, ended: float) -> None:
+    def _pace(self, began: float, ended: float, quiet_s: float) -> None:
         self._maybe_fail("pace")
-        super()._pace(began, ended)
+        super()._pace(began, ended, quiet_s)
 
     def _post(self, done: Any) -> None:
         self._maybe_fail("post")
