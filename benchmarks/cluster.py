@@ -1,0 +1,728 @@
+"""An emulated multi-host cluster on one Linux machine: network namespaces as hosts, a bridge as
+the switch, ``tc`` rate limits as the links.
+
+Why: ShadowSync's claim is that background synchronization hides the dense allreduce behind
+training when the network is the bottleneck. On one machine every rank talks over loopback at
+gigabytes per second, so no local run can show that. This tool gives each host its own network
+stack and a link of a chosen rate, so a job started here pays for its traffic the way it would
+between real machines (rates only: the kernel has no ``netem``, so links add no delay).
+
+Topology: host ``i`` is the namespace ``ssc-<name>-h<i>`` with ``198.18.0.<i+1>/24`` on its
+interface ``veth0`` (and its own ``lo``); the other end of that veth is port ``p<i>`` of bridge
+``br0`` in the switch namespace ``ssc-<name>-sw``. Limits are token buckets (``tc tbf``): the
+up link (host to switch) on the host's ``veth0``, the down link (switch to host) on the switch's
+port. ``--shared-rate`` adds one bucket that every packet entering the switch goes through (an
+``ifb`` device in the switch namespace), the way hosts behind one oversubscribed uplink share it.
+Addresses come from 198.18.0.0/15 (set aside for benchmarks); nothing is attached to the root
+namespace, there is no default route, and every cluster's namespaces are its own, so clusters
+with different names coexist. Needs root.
+
+Run as a script (from the repo root)::
+
+    python benchmarks/cluster.py run --hosts 2 --rate 1gbit -- \\
+        -m shadowsync.pipelines.train --config synthetic train.steps=20
+    python benchmarks/cluster.py run --hosts 2 --rate 200mbit -- \\
+        benchmarks/bench_sync.py --config synthetic --steps 30
+    python benchmarks/cluster.py probe --hosts 2 --rate 200mbit --sizes 1 8 32
+    python benchmarks/cluster.py up --name lab --hosts 4 --rate 1gbit --shared-rate 2gbit
+    ip netns exec ssc-lab-h0 bash              # a shell on host 0
+    python benchmarks/cluster.py down --name lab
+
+``run`` launches ``torchrun --nnodes N --nproc_per_node 1 --node_rank i`` on every host (static
+rendezvous on host 0), prefixes each output line with ``[h<i>]``, stops every host as soon as one
+fails, exits with the worst exit code, and removes the cluster on every exit (a signal included).
+Exit code 2 with a one-line ``error:`` when the machine cannot run it (not root, no ``ip``/``tc``,
+no namespaces).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import FrameType, TracebackType
+
+ROOT = Path(__file__).resolve().parents[1]
+PREFIX = "ssc"
+HOST_IF = "veth0"
+# `ip netns exec NS` bind-mounts /etc/netns/NS/<file> over /etc/<file>: each host gets a hosts
+# file that names every host, so c10d's reverse lookups of peers succeed (no "hostname of the
+# client socket cannot be retrieved" warnings) without DNS, which no namespace can reach.
+ETC_NETNS = Path("/etc/netns")
+MAX_HOSTS = 254
+_SUBNET = "198.18.0"  # inside 198.18.0.0/15 (RFC 2544, benchmarking); one /24 per cluster
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$")
+_RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps)$", re.I)
+_SIZE = re.compile(r"^(\d+)(b|k|kb|m|mb)?$", re.I)
+_RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12,
+               "bps": 8, "kbps": 8 * 10**3, "mbps": 8 * 10**6, "gbps": 8 * 10**9}
+_SIZE_UNITS = {"b": 1, "k": 1024, "kb": 1024, "m": 1024**2, "mb": 1024**2}
+_UNLIMITED = ("unlimited", "none", "")
+# tbf's queue: up to this much waiting time before drops (TCP backs off; the rate holds).
+_TBF_LATENCY = "100ms"
+_PROBE_TAG = "PROBE "
+
+LineSink = Callable[[int, str], None]
+
+
+class ClusterError(RuntimeError):
+    """The cluster cannot be built or used here; the message is one line for the user."""
+
+
+def parse_rate(text: str | None) -> int | None:
+    """``tc``-style rate (``200mbit``, ``1gbit``, ``125mbps``) to bits/s; ``None`` for
+    ``unlimited``. Parsed here, not handed to ``tc`` verbatim, so a typo fails before any
+    namespace exists and the burst can be sized from the rate."""
+    if text is None or text.strip().lower() in _UNLIMITED:
+        return None
+    m = _RATE.match(text.strip())
+    if not m:
+        raise ClusterError(f"rate {text!r}: expected e.g. 200mbit, 1gbit, 125mbps or unlimited")
+    bits = int(float(m.group(1)) * _RATE_UNITS[m.group(2).lower()])
+    if bits < 8000:
+        raise ClusterError(f"rate {text!r}: below 8kbit")
+    return bits
+
+
+def parse_size(text: str | None) -> int | None:
+    """``tc``-style size (``256kb``, ``1mb``, ``65536``) to bytes; ``None`` stays ``None``."""
+    if text is None:
+        return None
+    m = _SIZE.match(text.strip())
+    if not m:
+        raise ClusterError(f"size {text!r}: expected e.g. 64kb, 1mb or a byte count")
+    return int(m.group(1)) * _SIZE_UNITS[(m.group(2) or "b").lower()]
+
+
+def _format_rate(bits: int | None) -> str:
+    if bits is None:
+        return "unlimited"
+    for unit, scale in (("gbit", 10**9), ("mbit", 10**6), ("kbit", 10**3)):
+        if bits >= scale:
+            return f"{bits / scale:g}{unit}"
+    return f"{bits}bit"
+
+
+def default_burst(rate_bits: int) -> int:
+    """Bucket depth for a rate: 2 ms worth of bytes, at least 32 KiB. A bucket smaller than one
+    timer tick's worth of traffic caps the rate below the setting; a much deeper one lets whole
+    messages through at memory speed (1 Gbit/s -> 250 KB, measured to hold the rate)."""
+    return max(32 * 1024, rate_bits // 8 // 500)
+
+
+def _run(cmd: Sequence[str], check: bool = True) -> subprocess.CompletedProcess[str]:
+    """One ``ip``/``tc`` command (an argument list, never a shell string)."""
+    proc = subprocess.run(list(cmd), capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    if check and proc.returncode != 0:
+        detail = (proc.stderr.strip() or proc.stdout.strip() or f"exit {proc.returncode}")
+        raise ClusterError(f"{' '.join(cmd)}: {detail.splitlines()[0]}")
+    return proc
+
+
+def check_environment() -> None:
+    """Raises :class:`ClusterError` unless this process can build clusters: root, ``ip`` and
+    ``tc`` on ``PATH``, and a kernel with network namespaces."""
+    if os.geteuid() != 0:
+        raise ClusterError("network namespaces, veths and tc need root: run as root (or sudo)")
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            raise ClusterError(f"'{tool}' not found on PATH: install iproute2")
+    if not Path("/proc/self/ns/net").exists():
+        raise ClusterError("this kernel has no network namespaces (/proc/self/ns/net missing)")
+
+
+def unavailable_reason() -> str | None:
+    """Why clusters cannot run here (one line), or ``None`` when they can: the environment check
+    plus a namespace actually created and deleted (containers may forbid it even to root)."""
+    try:
+        check_environment()
+        probe_ns = f"{PREFIX}-check{os.getpid()}-sw"
+        _run(["ip", "netns", "add", probe_ns])
+        try:
+            _run(["ip", "-n", probe_ns, "link", "set", "lo", "up"])
+        finally:
+            _run(["ip", "netns", "del", probe_ns], check=False)
+    except ClusterError as e:
+        return str(e)
+    return None
+
+
+def list_namespaces() -> list[str]:
+    """Every network namespace name that ``ip netns`` knows, ours or not."""
+    out = _run(["ip", "netns", "list"]).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def cluster_namespaces(name: str) -> list[str]:
+    """The namespaces of cluster ``name`` (hosts in order, the switch last): exactly
+    ``ssc-<name>-sw`` and ``ssc-<name>-h<i>``, so cluster ``a`` never matches ``a-b``'s."""
+    own = re.compile(rf"^{PREFIX}-{re.escape(name)}-(sw|h(\d+))$")
+    hosts: list[tuple[int, str]] = []
+    switch: list[str] = []
+    for ns in list_namespaces():
+        m = own.match(ns)
+        if m and m.group(2) is not None:
+            hosts.append((int(m.group(2)), ns))
+        elif m:
+            switch.append(ns)
+    return [ns for _, ns in sorted(hosts)] + switch
+
+
+def list_clusters() -> dict[str, int]:
+    """Cluster name -> number of hosts, for every cluster this tool left up."""
+    pattern = re.compile(rf"^{PREFIX}-(.+)-(sw|h\d+)$")
+    found: dict[str, int] = {}
+    for ns in list_namespaces():
+        m = pattern.match(ns)
+        if m:
+            found[m.group(1)] = found.get(m.group(1), 0) + (m.group(2) != "sw")
+    return found
+
+
+def _kill_namespace_pids(ns: str) -> None:
+    """SIGKILL whatever still runs in namespace ``ns`` (only what was launched into it)."""
+    proc = _run(["ip", "netns", "pids", ns], check=False)
+    for token in proc.stdout.split():
+        if token.isdigit() and int(token) != os.getpid():
+            try:
+                os.kill(int(token), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def down(name: str) -> list[str]:
+    """Removes cluster ``name``: kills what runs in its hosts, deletes its namespaces (their
+    veths, bridge and ``ifb`` go with them) and their ``/etc/netns`` files. Touches no other
+    namespace; returns the ones removed. Safe to call when nothing is up."""
+    removed = []
+    for ns in cluster_namespaces(name):
+        _kill_namespace_pids(ns)
+        _run(["ip", "netns", "del", ns], check=False)
+        removed.append(ns)
+    own = re.compile(rf"^{PREFIX}-{re.escape(name)}-(sw|h\d+)$")
+    if ETC_NETNS.is_dir():
+        for d in ETC_NETNS.iterdir():
+            if own.match(d.name):
+                shutil.rmtree(d, ignore_errors=True)
+        try:
+            ETC_NETNS.rmdir()  # only when empty: other clusters' files stay
+        except OSError:
+            pass
+    return removed
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeResult:
+    """One allreduce size on the cluster: the median over repeats of the slowest rank's time.
+
+    ``algbw_MBps`` is payload over time (what ``size_mb`` of dense parameters cost a round);
+    ``busbw_MBps`` scales it by ``2 (n - 1) / n``, the bytes a ring allreduce puts on each link,
+    so it reads directly against the link rate (as in nccl-tests).
+    """
+
+    size_mb: float
+    seconds: float
+    hosts: int
+
+    @property
+    def algbw_MBps(self) -> float:  # noqa: N802 (the unit's spelling)
+        return self.size_mb / self.seconds
+
+    @property
+    def busbw_MBps(self) -> float:  # noqa: N802
+        return self.algbw_MBps * 2 * (self.hosts - 1) / self.hosts
+
+
+class Cluster:
+    """``hosts`` emulated machines on one switch, each on its own rate-limited link.
+
+    Why: to run the real multi-node launch (one ``torchrun`` per host, static rendezvous, gloo
+    over a NIC) against a network of a chosen speed, and to sweep that speed from a benchmark
+    driver. Building replaces any cluster of the same ``name``; leaving the ``with`` block (an
+    exception included) removes it.
+
+    Args:
+        hosts: number of hosts (namespaces), 1 to 254.
+        rate: per-host link rate in both directions, ``tc`` syntax (``"1gbit"``, ``"200mbit"``);
+            ``None`` or ``"unlimited"`` for no limit (no qdisc at all).
+        up_rate: host-to-switch rate, overriding ``rate`` for that direction.
+        down_rate: switch-to-host rate, overriding ``rate`` for that direction.
+        burst: token bucket depth (``"256kb"``); default :func:`default_burst` of each rate.
+        shared_rate: one limit that all traffic through the switch shares (every host's
+            packets, both directions, through one bucket): an oversubscribed uplink or
+            backplane. ``None`` for a non-blocking switch.
+        name: cluster name; namespaces are ``ssc-<name>-h<i>`` and ``ssc-<name>-sw``.
+
+    Example::
+
+        with Cluster(hosts=2, rate="200mbit", name="sweep") as c:
+            print(c.probe([8])[0].algbw_MBps)  # ~24 MB/s
+            rc = c.launch(["-m", "shadowsync.pipelines.train", "--config", "synthetic",
+                           "train.steps=20"])
+    """
+
+    def __init__(
+        self,
+        hosts: int = 2,
+        rate: str | None = None,
+        *,
+        up_rate: str | None = None,
+        down_rate: str | None = None,
+        burst: str | None = None,
+        shared_rate: str | None = None,
+        name: str = "default",
+    ) -> None:
+        if not 1 <= hosts <= MAX_HOSTS:
+            raise ClusterError(f"hosts={hosts}: must be 1..{MAX_HOSTS}")
+        if not _NAME.match(name):
+            raise ClusterError(f"name {name!r}: letters, digits, '_', '.', '-' (32 at most)")
+        self.hosts = hosts
+        self.name = name
+        self.up_bits = parse_rate(up_rate if up_rate is not None else rate)
+        self.down_bits = parse_rate(down_rate if down_rate is not None else rate)
+        self.shared_bits = parse_rate(shared_rate)
+        self.burst_bytes = parse_size(burst)
+        self._is_up = False
+
+    # -- names -------------------------------------------------------------------------------
+    @property
+    def switch_ns(self) -> str:
+        return f"{PREFIX}-{self.name}-sw"
+
+    def host_ns(self, i: int) -> str:
+        """Namespace of host ``i``: ``ip netns exec <this> CMD`` runs CMD on that host."""
+        return f"{PREFIX}-{self.name}-h{i}"
+
+    def address(self, i: int) -> str:
+        """IPv4 address of host ``i`` (``198.18.0.<i+1>``)."""
+        return f"{_SUBNET}.{i + 1}"
+
+    def describe(self) -> str:
+        """One line: hosts, link rates and the shared limit."""
+        up, dn = _format_rate(self.up_bits), _format_rate(self.down_bits)
+        link = up if up == dn else f"up {up} / down {dn}"
+        shared = f", shared {_format_rate(self.shared_bits)}" if self.shared_bits else ""
+        return f"cluster {self.name!r}: {self.hosts} hosts, links {link}{shared}"
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def up(self) -> Cluster:
+        """Builds the cluster (after removing any of the same name); returns ``self``. On a
+        failure midway, removes what was built and raises :class:`ClusterError`."""
+        check_environment()
+        down(self.name)
+        self._is_up = True
+        try:
+            self._build()
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def _build(self) -> None:
+        sw = self.switch_ns
+        _run(["ip", "netns", "add", sw])
+        _run(["ip", "-n", sw, "link", "set", "lo", "up"])
+        _run(["ip", "-n", sw, "link", "add", "br0", "type", "bridge", "forward_delay", "0"])
+        _run(["ip", "-n", sw, "link", "set", "br0", "addrgenmode", "none"])
+        _run(["ip", "-n", sw, "link", "set", "br0", "up"])
+        if self.shared_bits is not None:
+            _run(["ip", "-n", sw, "link", "add", "ifb0", "type", "ifb"])
+            _run(["ip", "-n", sw, "link", "set", "ifb0", "up"])
+            self._limit(sw, "ifb0", self.shared_bits)
+        for i in range(self.hosts):
+            ns, port = self.host_ns(i), f"p{i}"
+            _run(["ip", "netns", "add", ns])
+            _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+            # Both ends are created where they live: nothing ever appears in the root namespace.
+            _run(["ip", "-n", sw, "link", "add", port, "type", "veth",
+                  "peer", "name", HOST_IF, "netns", ns])
+            for where, dev in ((sw, port), (ns, HOST_IF)):
+                # No IPv6 link-local address: gloo must find exactly one address on veth0.
+                _run(["ip", "-n", where, "link", "set", dev, "addrgenmode", "none"])
+            _run(["ip", "-n", sw, "link", "set", port, "master", "br0"])
+            _run(["ip", "-n", sw, "link", "set", port, "up"])
+            _run(["ip", "-n", ns, "addr", "add", f"{self.address(i)}/24", "dev", HOST_IF])
+            _run(["ip", "-n", ns, "link", "set", HOST_IF, "up"])
+            self._write_hosts_file(i)
+            self._limit(ns, HOST_IF, self.up_bits)
+            self._limit(sw, port, self.down_bits)
+            if self.shared_bits is not None:
+                # Everything the host sends into the switch detours through ifb0's bucket.
+                _run(["tc", "-n", sw, "qdisc", "add", "dev", port, "ingress"])
+                _run(["tc", "-n", sw, "filter", "add", "dev", port, "parent", "ffff:",
+                      "protocol", "all", "u32", "match", "u32", "0", "0",
+                      "action", "mirred", "egress", "redirect", "dev", "ifb0"])
+
+    def _write_hosts_file(self, i: int) -> None:
+        """The machine's /etc/hosts plus one line per host, for host ``i``'s namespace. Best
+        effort: without it (a read-only /etc) c10d only logs warnings."""
+        try:
+            base = Path("/etc/hosts").read_text()
+        except OSError:
+            base = "127.0.0.1 localhost\n"
+        # The v4-mapped form too: c10d's store listens on a dual-stack socket, so that is how
+        # it sees its peers.
+        lines = [f"{prefix}{self.address(j)} {self.host_ns(j)}"
+                 for prefix in ("", "::ffff:") for j in range(self.hosts)]
+        try:
+            d = ETC_NETNS / self.host_ns(i)
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "hosts").write_text(base.rstrip("\n") + "\n" + "\n".join(lines) + "\n")
+        except OSError:
+            pass
+
+    def _limit(self, ns: str, dev: str, bits: int | None) -> None:
+        if bits is None:
+            return
+        burst = self.burst_bytes if self.burst_bytes is not None else default_burst(bits)
+        _run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf",
+              "rate", f"{bits}bit", "burst", str(burst), "latency", _TBF_LATENCY])
+
+    def down(self) -> None:
+        """Removes this cluster (see :func:`down`); idempotent."""
+        down(self.name)
+        self._is_up = False
+
+    def __enter__(self) -> Cluster:
+        return self.up()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.down()
+
+    # -- running jobs ------------------------------------------------------------------------
+    def _free_port(self) -> int:
+        """A port free on host 0 now. Asked inside its namespace: each launch gets a port no
+        earlier launch's lingering sockets hold."""
+        code = (f"import socket; s = socket.socket(); s.bind(('{self.address(0)}', 0)); "
+                "print(s.getsockname()[1])")
+        out = _run(["ip", "netns", "exec", self.host_ns(0), sys.executable, "-c", code]).stdout
+        return int(out.strip())
+
+    def torchrun_argv(self, i: int, port: int, argv: Sequence[str]) -> list[str]:
+        """The full command line for host ``i``: ``ip netns exec`` into it, then the venv's
+        torchrun (next to ``sys.executable``, so no ``PATH`` set-up) with a static launch."""
+        torchrun = str(Path(sys.executable).parent / "torchrun")
+        return ["ip", "netns", "exec", self.host_ns(i), torchrun,
+                f"--nnodes={self.hosts}", "--nproc_per_node=1", f"--node_rank={i}",
+                f"--master_addr={self.address(0)}", f"--master_port={port}", *argv]
+
+    def launch(
+        self,
+        argv: Sequence[str],
+        *,
+        env: dict[str, str] | None = None,
+        timeout_s: float | None = None,
+        on_line: LineSink | None = None,
+        grace_s: float = 5.0,
+    ) -> int:
+        """Runs one job across all hosts: ``torchrun`` with one node per host; returns the
+        worst exit code (signals as ``128 + n``; 124 on timeout).
+
+        When a host's process fails, the others are stopped at once (SIGTERM to their
+        torchrun, SIGKILL to anything left in the host after ``grace_s``): a rank blocked in a
+        collective with a dead peer would otherwise wait out the process group's timeout. Their
+        codes then do not count; the failing hosts' do.
+
+        Args:
+            argv: what follows torchrun's own options: ``["script.py", ...]``,
+                ``["-m", "module", ...]`` or ``["--no-python", "prog", ...]``.
+            env: extra environment, over ``OMP_NUM_THREADS=1``, ``GLOO_SOCKET_IFNAME=veth0``
+                (also ``NCCL_SOCKET_IFNAME``) and ``PYTHONUNBUFFERED=1``, which are set here
+                (torchrun leaves OMP alone with one process per node).
+            timeout_s: stop every host after this long.
+            on_line: called as ``on_line(host, line)`` for each output line (stdout and stderr
+                merged); default prints ``[h<host>] line``.
+            grace_s: seconds between SIGTERM and SIGKILL when stopping hosts.
+        """
+        if not self._is_up:
+            raise ClusterError(f"cluster {self.name!r} is not up: use up() or a with block")
+        sink = on_line or _print_line
+        port = self._free_port()
+        penv = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": HOST_IF,
+                "NCCL_SOCKET_IFNAME": HOST_IF, "PYTHONUNBUFFERED": "1", **(env or {})}
+        procs: list[subprocess.Popen[bytes]] = []
+        readers: list[threading.Thread] = []
+        stopped: set[int] = set()
+        timed_out = False
+        try:
+            for i in range(self.hosts):
+                proc = subprocess.Popen(
+                    self.torchrun_argv(i, port, argv), cwd=ROOT, env=penv,
+                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                    start_new_session=True)  # its own group: our Ctrl-C is ours to forward
+                procs.append(proc)
+                reader = threading.Thread(target=_pump, args=(proc, i, sink), daemon=True)
+                reader.start()
+                readers.append(reader)
+            deadline = None if timeout_s is None else time.monotonic() + timeout_s
+            while [p.poll() for p in procs].count(None):  # poll each: any() would stop early
+                failed = [i for i, p in enumerate(procs)
+                          if p.returncode not in (None, 0) and i not in stopped]
+                if failed:
+                    if on_line is None:
+                        codes = ", ".join(f"h{i} exit {procs[i].returncode}" for i in failed)
+                        print(f"cluster: {codes}: stopping the other hosts", file=sys.stderr,
+                              flush=True)
+                    self._stop(procs, stopped, grace_s)
+                    break
+                if deadline is not None and time.monotonic() > deadline:
+                    timed_out = True
+                    self._stop(procs, stopped, grace_s)
+                    break
+                time.sleep(0.05)
+        finally:
+            self._stop(procs, stopped, grace_s)
+            # Workers run in sessions of their own; one that outlived its torchrun would hold
+            # the output pipe open forever.
+            for i in range(len(procs)):
+                _kill_namespace_pids(self.host_ns(i))
+            for reader in readers:
+                reader.join(timeout=5)
+        if timed_out:
+            return 124
+        codes = [_exit_code(p.returncode) for i, p in enumerate(procs) if i not in stopped]
+        return max(codes, default=1)
+
+    def _stop(self, procs: list[subprocess.Popen[bytes]], stopped: set[int],
+              grace_s: float) -> None:
+        """SIGTERM every host still running (torchrun passes it to its workers), then SIGKILL
+        whatever is left in those hosts after ``grace_s``."""
+        running = [i for i, p in enumerate(procs) if p.poll() is None]
+        for i in running:
+            stopped.add(i)
+            try:
+                os.killpg(procs[i].pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        end = time.monotonic() + grace_s
+        while time.monotonic() < end and any(procs[i].poll() is None for i in running):
+            time.sleep(0.05)
+        for i in running:
+            if procs[i].poll() is None:
+                _kill_namespace_pids(self.host_ns(i))
+                procs[i].wait()
+
+    def probe(self, sizes_mb: Sequence[float] = (1, 8, 32), repeats: int = 3,
+              timeout_s: float = 600, on_line: LineSink | None = None) -> list[ProbeResult]:
+        """Times a gloo allreduce of each size across all hosts (one warm-up, then the median
+        of ``repeats``): what the links give a dense synchronization round.
+
+        Args:
+            sizes_mb: payload sizes in MB (10**6 bytes) of float32.
+            repeats: timed allreduces per size.
+            timeout_s: give up (:class:`ClusterError`) after this long.
+            on_line: gets the probe processes' other output; default drops it, and a failure
+                raises with its last lines.
+        """
+        if self.hosts < 2:
+            raise ClusterError("probe needs at least 2 hosts")
+        results: list[ProbeResult] = []
+        tail: list[str] = []
+
+        def collect(host: int, line: str) -> None:
+            if host == 0 and line.startswith(_PROBE_TAG):
+                r = json.loads(line[len(_PROBE_TAG):])
+                results.append(ProbeResult(r["size_mb"], r["seconds"], self.hosts))
+            else:
+                tail.append(f"[h{host}] {line}")
+                del tail[:-20]
+                if on_line is not None:
+                    on_line(host, line)
+
+        argv = [str(Path(__file__).resolve()), "_probe-worker", "--repeats", str(repeats),
+                "--sizes", *[f"{s:g}" for s in sizes_mb]]
+        rc = self.launch(argv, timeout_s=timeout_s, on_line=collect)
+        if rc != 0 or len(results) != len(sizes_mb):
+            raise ClusterError(f"probe failed (exit {rc}): " + " | ".join(tail[-5:]))
+        return results
+
+
+def _exit_code(rc: int | None) -> int:
+    if rc is None:
+        return 1
+    return 128 - rc if rc < 0 else rc
+
+
+_print_lock = threading.Lock()
+
+
+def _print_line(host: int, line: str) -> None:
+    with _print_lock:
+        sys.stdout.write(f"[h{host}] {line}\n")
+        sys.stdout.flush()
+
+
+def _pump(proc: subprocess.Popen[bytes], host: int, sink: LineSink) -> None:
+    assert proc.stdout is not None
+    for raw in iter(proc.stdout.readline, b""):
+        sink(host, raw.decode(errors="replace").rstrip("\r\n"))
+    proc.stdout.close()
+
+
+# -- the probe's worker (runs on every host under torchrun) -----------------------------------
+def _probe_worker(argv: list[str]) -> int:
+    import torch
+    import torch.distributed as dist
+
+    parser = argparse.ArgumentParser(prog="cluster.py _probe-worker")
+    parser.add_argument("--sizes", type=float, nargs="+", required=True)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(argv)
+    dist.init_process_group("gloo")
+    for size in args.sizes:
+        x = torch.ones(max(1, int(size * 1e6 / 4)))
+        dist.all_reduce(x)  # warm-up: connections, buffers
+        times = []
+        for _ in range(args.repeats):
+            dist.barrier()
+            t0 = time.perf_counter()
+            dist.all_reduce(x)
+            times.append(time.perf_counter() - t0)
+        slowest = torch.tensor(times, dtype=torch.float64)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        if dist.get_rank() == 0:
+            seconds = statistics.median(slowest.tolist())
+            print(_PROBE_TAG + json.dumps({"size_mb": size, "seconds": seconds}), flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
+# -- command line -----------------------------------------------------------------------------
+class _Interrupted(Exception):
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    # Later signals are ignored: teardown must not be cut short by a second Ctrl-C.
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, signal.SIG_IGN)
+    raise _Interrupted(signum)
+
+
+def _cluster_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--name", default="default",
+                        help="cluster name: namespaces ssc-NAME-h<i>, ssc-NAME-sw (default: "
+                             "%(default)s)")
+    parser.add_argument("--hosts", type=int, default=2, help="hosts (default: %(default)s)")
+    parser.add_argument("--rate", default=None,
+                        help="per-host link rate, both directions: 200mbit, 1gbit, unlimited "
+                             "(default: unlimited)")
+    parser.add_argument("--up-rate", default=None, help="host-to-switch rate (overrides --rate)")
+    parser.add_argument("--down-rate", default=None,
+                        help="switch-to-host rate (overrides --rate)")
+    parser.add_argument("--burst", default=None,
+                        help="token bucket depth, e.g. 256kb (default: 2 ms of the rate, "
+                             ">= 32kb)")
+    parser.add_argument("--shared-rate", default=None,
+                        help="one limit all hosts' traffic through the switch shares "
+                             "(an oversubscribed uplink; default: none)")
+
+
+def _make(args: argparse.Namespace) -> Cluster:
+    return Cluster(args.hosts, args.rate, up_rate=args.up_rate, down_rate=args.down_rate,
+                   burst=args.burst, shared_rate=args.shared_rate, name=args.name)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python benchmarks/cluster.py",
+        description="Emulated multi-host cluster: network namespaces on rate-limited links "
+                    "(needs root).",
+        epilog="run: python benchmarks/cluster.py run --hosts 2 --rate 1gbit -- "
+               "-m shadowsync.pipelines.train --config synthetic train.steps=20")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("up", help="build a cluster and leave it up")
+    _cluster_args(p)
+    p = sub.add_parser("down", help="remove a cluster (only its own namespaces)")
+    p.add_argument("--name", default="default")
+    sub.add_parser("list", help="clusters that are up")
+    p = sub.add_parser("run", help="build, run CMD on every host under torchrun, remove",
+                       usage="%(prog)s [options] -- CMD...")
+    _cluster_args(p)
+    p.add_argument("--timeout", type=float, default=None, help="stop every host after S seconds")
+    p = sub.add_parser("probe", help="build, time gloo allreduces across the hosts, remove")
+    _cluster_args(p)
+    p.add_argument("--sizes", type=float, nargs="+", default=[1.0, 8.0, 32.0],
+                   help="allreduce sizes in MB (default: 1 8 32)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--json", action="store_true", help="one JSON object per size")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["_probe-worker"]:
+        return _probe_worker(argv[1:])
+    command: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, command = argv[:cut], argv[cut + 1:]
+    args = build_parser().parse_args(argv)
+    if args.cmd == "run" and not command:
+        print("error: run needs a command after --, e.g. -- -m shadowsync.pipelines.train",
+              file=sys.stderr)
+        return 2
+    if command and args.cmd != "run":
+        print(f"error: {args.cmd} takes no command after --", file=sys.stderr)
+        return 2
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, _on_signal)
+    try:
+        if args.cmd == "list":
+            check_environment()
+            for name, hosts in sorted(list_clusters().items()):
+                print(f"{name}\t{hosts} hosts")
+            return 0
+        if args.cmd == "down":
+            check_environment()
+            removed = down(args.name)
+            print(f"removed {len(removed)} namespaces of cluster {args.name!r}")
+            return 0
+        cluster = _make(args)
+        if args.cmd == "up":
+            cluster.up()
+            print(cluster.describe())
+            for i in range(cluster.hosts):
+                print(f"  h{i}: {cluster.address(i)} on {HOST_IF}: "
+                      f"ip netns exec {cluster.host_ns(i)} CMD")
+            print(f"remove with: python benchmarks/cluster.py down --name {cluster.name}")
+            return 0
+        with cluster:
+            print(f"# {cluster.describe()}", file=sys.stderr, flush=True)
+            if args.cmd == "run":
+                return cluster.launch(command, timeout_s=args.timeout)
+            results = cluster.probe(args.sizes, args.repeats)
+        for r in results:
+            if args.json:
+                print(json.dumps({"size_mb": r.size_mb, "seconds": r.seconds, "hosts": r.hosts,
+                                  "algbw_MBps": r.algbw_MBps, "busbw_MBps": r.busbw_MBps}))
+        if not args.json:
+            print(f"{'size MB':>8}  {'time ms':>9}  {'algbw MB/s':>10}  {'busbw MB/s':>10}")
+            for r in results:
+                print(f"{r.size_mb:>8g}  {r.seconds * 1e3:>9.1f}  {r.algbw_MBps:>10.1f}  "
+                      f"{r.busbw_MBps:>10.1f}")
+        return 0
+    except ClusterError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except _Interrupted as e:
+        print(f"cluster: {e} received, cluster removed", file=sys.stderr)
+        return 128 + e.signum
+
+
+if __name__ == "__main__":
+    sys.exit(main())
