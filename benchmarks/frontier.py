@@ -1,0 +1,266 @@
+"""The throughput / sync-frequency frontier of background and foreground synchronization, on an
+emulated cluster whose links cost something.
+
+Why: ShadowSync's claim is that synchronizing in the background buys more synchronization per
+unit of lost throughput than synchronizing in the foreground. Both sides of that trade are
+measured here in one job per network: every arm trains the same model (``dlrm_reference``: the
+dense sizes of TorchRec's DLRM reference, ~2M dense parameters) on the same data, one after the
+other in the same processes (``bench_sync.py``), on ``N`` emulated hosts (``cluster.py``), each
+with its own rate-limited link. Per arm: examples/s as a ratio to ``none`` (no synchronization)
+of the same repeat, with median and min-max over repeats; the mean sync gap (training steps
+between applied synchronizations); bytes on the wire per example. The fixed-rate arms (FR-k,
+blocking every k steps) trace one curve, the shadow arms (accepted slowdown from back to back
+down to 2%) another; a plot per link shows both. Needs root (network namespaces)::
+
+    sudo .venv/bin/python benchmarks/frontier.py --hosts 2 4 \\
+        --links unlimited 10gbit 1gbit 200mbit --repeats 3 --out benchmarks/results/frontier
+    .venv/bin/python benchmarks/frontier.py --report-only --out benchmarks/results/frontier
+
+Each (hosts, link) job writes ``raw/h<N>_<link>.json`` (every run, as ``bench_sync --json``
+writes it) as soon as it ends, so a sweep can be stopped and resumed (``--skip-done``); the
+report (``report.md``, ``frontier_<link>.png``) is rebuilt from whatever raw files exist.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cluster import Cluster, ClusterError  # noqa: E402  (a script beside this one)
+
+ROOT = Path(__file__).resolve().parents[1]
+FR_PERIODS = (1, 2, 5, 10, 20, 50)
+SLOWDOWNS = ("null", "0.2", "0.05", "0.02")  # null: back to back
+
+
+def default_arms(algorithm: str, periods: Sequence[int], slowdowns: Sequence[str]
+                 ) -> list[str]:
+    """``bench_sync --arm`` specs: none, ddp, FR-k for each period, shadow for each slowdown."""
+    arms = ["none: sync.algorithm=none", "ddp: sync.algorithm=ddp"]
+    arms += [f"FR k={k}: sync.algorithm={algorithm} sync.mode=fixed_rate sync.period={k}"
+             for k in periods]
+    arms += [f"S {'back to back' if s == 'null' else f'{float(s):.0%}'}: "
+             f"sync.algorithm={algorithm} sync.mode=shadow sync.max_slowdown={s}"
+             for s in slowdowns]
+    return arms
+
+
+def job_name(hosts: int, link: str) -> str:
+    return f"h{hosts}_{link}"
+
+
+def run_job(out: Path, hosts: int, link: str, args: argparse.Namespace) -> int:
+    """One bench_sync job over every arm on ``hosts`` hosts linked at ``link``."""
+    raw = out / "raw" / f"{job_name(hosts, link)}.json"
+    argv = ["benchmarks/bench_sync.py", "--config", args.config, "--steps", str(args.steps),
+            "--repeats", str(args.repeats), "--seeds", *map(str, args.seeds),
+            "--json", str(raw.resolve()),
+            *[f"--arm={a}" for a in default_arms(args.algorithm, args.periods, args.slowdowns)],
+            *args.overrides]
+    log = (out / "raw" / f"{job_name(hosts, link)}.log").open("w")
+
+    def on_line(host: int, line: str) -> None:
+        log.write(f"[h{host}] {line}\n")
+        if host == 0 and ("examples/s" in line or line.startswith("|")):
+            print(f"  {job_name(hosts, link)}: {line}", flush=True)
+
+    began = time.perf_counter()
+    with log, Cluster(hosts=hosts, rate=link, name=f"frontier{hosts}") as cluster:
+        rc = cluster.launch(argv, on_line=on_line, timeout_s=args.job_timeout_s)
+    print(f"{job_name(hosts, link)}: exit {rc} after {time.perf_counter() - began:.0f} s",
+          flush=True)
+    return rc
+
+
+# ----------------------------------------------------------------------------- analysis
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def summarize(rows: list[dict[str, Any]], world_size: int) -> list[dict[str, Any]]:
+    """Per arm: ratio to the same repeat's ``none`` (median, min, max), mean sync gap, bytes on
+    the wire per example, eval NE over seeds."""
+    base = {(r["seed"], r["repeat"]): r["examples_per_s"] for r in rows if r["arm"] == "none"}
+    out = []
+    for arm in dict.fromkeys(r["arm"] for r in rows):
+        mine = [r for r in rows if r["arm"] == arm]
+        ratios = [r["examples_per_s"] / base[(r["seed"], r["repeat"])] for r in mine]
+        gaps = [r["sync_sync_gap_mean"] for r in mine if "sync_sync_gap_mean" in r
+                and not math.isnan(r["sync_sync_gap_mean"])]
+        examples = [r["examples_per_s"] * r["train_seconds"] for r in mine]
+        wire = [r["wire_bytes"] / e for r, e in zip(mine, examples, strict=True)
+                if "wire_bytes" in r]
+        # Sync payload on the wire: a ring allreduce sends 2 (W - 1) / W of the buffer per rank.
+        sync = [r["sync_bytes_reduced"] * 2 * (world_size - 1) / e
+                for r, e in zip(mine, examples, strict=True) if "sync_bytes_reduced" in r]
+        per_seed = [r["eval_ne"] for r in mine if r["repeat"] == 0]
+        out.append({
+            "arm": arm,
+            "runs": len(mine),
+            "examples_per_s": statistics.median(r["examples_per_s"] for r in mine),
+            "ratio": _spread(ratios),
+            "gap": statistics.fmean(gaps) if gaps else math.nan,
+            "wire_per_example": statistics.fmean(wire) if wire else math.nan,
+            "sync_per_example": statistics.fmean(sync) if sync else 0.0,
+            "ne": statistics.fmean(per_seed),
+            "ne_sd": statistics.stdev(per_seed) if len(per_seed) > 1 else math.nan,
+        })
+    return out
+
+
+def dominance(arms: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For each FR point: the shadow arms that reach at least its examples/s with at most its
+    mean sync gap, judged on the whole spread (shadow's worst repeat against FR's best) and
+    on medians."""
+    shadow = [a for a in arms if a["arm"].startswith("S ")]
+    rows = []
+    for fr in (a for a in arms if a["arm"].startswith("FR ")):
+        strict = [s["arm"] for s in shadow
+                  if s["gap"] <= fr["gap"] and s["ratio"]["min"] >= fr["ratio"]["max"]]
+        median = [s["arm"] for s in shadow
+                  if s["gap"] <= fr["gap"] and s["ratio"]["median"] >= fr["ratio"]["median"]]
+        rows.append({"fr": fr["arm"], "strict": strict, "median": median})
+    return rows
+
+
+def _f(x: float, digits: int = 3) -> str:
+    return "-" if math.isnan(x) else f"{x:,.{digits}f}"
+
+
+def table(arms: list[dict[str, Any]]) -> str:
+    lines = ["| arm | examples/s | ratio to none, median [min, max] | mean sync gap | "
+             "link bytes/example | sync bytes/example | eval NE |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for a in arms:
+        r = a["ratio"]
+        ne = _f(a["ne"], 4) + ("" if math.isnan(a["ne_sd"]) else f" ± {a['ne_sd']:.4f}")
+        lines.append(f"| {a['arm']} | {a['examples_per_s']:,.0f} | {r['median']:.3f} "
+                     f"[{r['min']:.3f}, {r['max']:.3f}] | {_f(a['gap'], 1)} | "
+                     f"{_f(a['wire_per_example'], 0)} | {_f(a['sync_per_example'], 0)} | "
+                     f"{ne} |")
+    return "\n".join(lines)
+
+
+def dominance_table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| FR point | shadow arms at >= its examples/s and <= its gap (whole spread) | "
+             "(medians) |", "|---|---|---|"]
+    for d in rows:
+        lines.append(f"| {d['fr']} | {', '.join(d['strict']) or '**none**'} | "
+                     f"{', '.join(d['median']) or '**none**'} |")
+    return "\n".join(lines)
+
+
+def plot(link: str, jobs: dict[int, list[dict[str, Any]]], path: Path) -> None:
+    """Throughput ratio against mean sync gap: the FR curve and the shadow curve per host
+    count, DDP as a point at gap 1 (it synchronizes gradients every step)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    markers = {2: "o", 4: "s", 8: "^"}
+    for hosts, arms in sorted(jobs.items()):
+        for prefix, color, label in (("FR ", "tab:blue", "fixed rate (FR-k)"),
+                                     ("S ", "tab:red", "shadow (accepted slowdown)")):
+            pts = sorted((a for a in arms if a["arm"].startswith(prefix)), key=lambda a: a["gap"])
+            if not pts:
+                continue
+            xs = [a["gap"] for a in pts]
+            ys = [a["ratio"]["median"] for a in pts]
+            err = [[y - a["ratio"]["min"] for y, a in zip(ys, pts, strict=True)],
+                   [a["ratio"]["max"] - y for y, a in zip(ys, pts, strict=True)]]
+            ax.errorbar(xs, ys, yerr=err, color=color, marker=markers.get(hosts, "o"),
+                        linestyle="-" if hosts == 2 else "--", capsize=3,
+                        label=f"{label}, {hosts} hosts")
+            for a in pts:
+                ax.annotate(a["arm"].split(" ", 1)[1], (a["gap"], a["ratio"]["median"]),
+                            fontsize=6, textcoords="offset points", xytext=(3, 3))
+        ddp = [a for a in arms if a["arm"] == "ddp"]
+        if ddp:
+            ax.scatter([1.0], [ddp[0]["ratio"]["median"]], color="black",
+                       marker=markers.get(hosts, "o"), label=f"DDP, {hosts} hosts")
+    ax.set_xscale("log")
+    ax.set_xlabel("mean sync gap (training steps between applied syncs; lower is better)")
+    ax.set_ylabel("examples/s / none's (higher is better)")
+    ax.set_title(f"Throughput vs synchronization frequency, links {link}")
+    ax.axhline(1.0, color="gray", linewidth=0.5)
+    ax.grid(True, which="both", linewidth=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def report(out: Path, links: Sequence[str], command: str) -> str:
+    """``report.md`` and one plot per link from every raw file under ``out``."""
+    sections = []
+    by_link: dict[str, dict[int, list[dict[str, Any]]]] = {}
+    for raw in sorted((out / "raw").glob("h*_*.json")):
+        hosts_s, link = raw.stem.split("_", 1)
+        hosts = int(hosts_s[1:])
+        arms = summarize(json.loads(raw.read_text()), hosts)
+        by_link.setdefault(link, {})[hosts] = arms
+    order = [link for link in links if link in by_link] + sorted(set(by_link) - set(links))
+    for link in order:
+        plot(link, by_link[link], out / f"frontier_{link}.png")
+        for hosts, arms in sorted(by_link[link].items()):
+            sections.append(f"### {hosts} hosts, links {link}\n\n{table(arms)}\n\n"
+                            f"{dominance_table(dominance(arms))}\n")
+        sections.append(f"![frontier at {link}](frontier_{link}.png)\n")
+    text = (f"# Frontier: throughput against sync frequency on emulated links\n\n"
+            f"Command: `{command}`\n\n" + "\n".join(sections))
+    (out / "report.md").write_text(text)
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--hosts", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--links", nargs="+", default=["unlimited", "10gbit", "1gbit",
+                                                       "200mbit"])
+    parser.add_argument("--config", default="dlrm_reference")
+    parser.add_argument("--algorithm", default="ma", choices=["ma", "easgd", "bmuf"])
+    parser.add_argument("--periods", type=int, nargs="+", default=list(FR_PERIODS))
+    parser.add_argument("--slowdowns", nargs="+", default=list(SLOWDOWNS),
+                        help="shadow arms' sync.max_slowdown values ('null': back to back)")
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--job-timeout-s", type=float, default=3600.0)
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/frontier")
+    parser.add_argument("--skip-done", action="store_true",
+                        help="skip (hosts, link) jobs whose raw JSON exists")
+    parser.add_argument("--report-only", action="store_true")
+    parser.add_argument("overrides", nargs="*", help="overrides common to every arm")
+    args = parser.parse_args(argv)
+    (args.out / "raw").mkdir(parents=True, exist_ok=True)
+    command = "python benchmarks/frontier.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    if not args.report_only:
+        for hosts in args.hosts:
+            for link in args.links:
+                if args.skip_done and (args.out / "raw" / f"{job_name(hosts, link)}.json").exists():
+                    continue
+                try:
+                    rc = run_job(args.out, hosts, link, args)
+                except ClusterError as exc:
+                    print(f"error: {exc}", file=sys.stderr)
+                    return 2
+                if rc != 0:
+                    print(f"error: job {job_name(hosts, link)} failed (exit {rc}); its log is "
+                          f"{args.out / 'raw' / job_name(hosts, link)}.log", file=sys.stderr)
+                    return 1
+    print(report(args.out, args.links, command))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

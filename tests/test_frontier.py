@@ -1,0 +1,77 @@
+"""The frontier report's arithmetic on hand-made runs: ratios to the same repeat's ``none``,
+spreads, and the dominance test that the network benchmark's claim rests on.
+
+Pure arithmetic: no processes, no network.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(_DIR))  # frontier.py imports cluster.py beside it
+_spec = importlib.util.spec_from_file_location("frontier", _DIR / "frontier.py")
+assert _spec is not None and _spec.loader is not None
+fr = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(fr)
+
+
+def run(arm: str, repeat: int, eps: float, gap: float | None = None,
+        ne: float = 0.9) -> dict[str, Any]:
+    row: dict[str, Any] = {"arm": arm, "seed": 0, "repeat": repeat, "examples_per_s": eps,
+                           "train_seconds": 10.0, "eval_ne": ne + repeat * 0.01}
+    if gap is not None:
+        row.update(sync_sync_gap_mean=gap, sync_bytes_reduced=1e6 * 10 / gap)
+    return row
+
+
+# none runs at 1000, 800, 1250 examples/s in its three repeats (a noisy machine): ratios are
+# taken per repeat, so an arm that is always 10% slower than none reads 0.9 in each.
+ROWS = [
+    *[run("none", r, e) for r, e in enumerate([1000, 800, 1250])],
+    *[run("FR k=10", r, e, gap=10) for r, e in enumerate([900, 720, 1125])],
+    *[run("FR k=2", r, e, gap=2) for r, e in enumerate([500, 400, 625])],
+    *[run("S 5%", r, e, gap=4) for r, e in enumerate([950, 768, 1200])],  # 0.95, 0.96, 0.96
+    *[run("S back to back", r, e, gap=1.1) for r, e in enumerate([700, 480, 875])],
+]
+
+
+def arms() -> dict[str, dict[str, Any]]:
+    return {a["arm"]: a for a in fr.summarize(ROWS, world_size=2)}
+
+
+def test_ratios_are_to_the_same_repeats_none() -> None:
+    a = arms()
+    assert a["FR k=10"]["ratio"] == pytest.approx({"median": 0.9, "min": 0.9, "max": 0.9})
+    assert a["S 5%"]["ratio"] == pytest.approx({"median": 0.96, "min": 0.95, "max": 0.96})
+    assert a["S back to back"]["ratio"]["min"] == pytest.approx(0.6)
+    assert a["none"]["sync_per_example"] == 0.0
+    # 1e6 * 10 / 4 bytes reduced per rank, ring factor 2 (W - 1) = 2, over eps * 10 s examples
+    assert a["S 5%"]["sync_per_example"] == pytest.approx(
+        sum(2.5e6 * 2 / (e * 10) for e in [950, 768, 1200]) / 3)
+    # quality comes from each seed's first repeat only (one seed here: no spread)
+    assert a["FR k=10"]["ne"] == pytest.approx(0.9) and math.isnan(a["FR k=10"]["ne_sd"])
+
+
+def test_dominance_needs_the_whole_spread_and_a_smaller_gap() -> None:
+    d = {row["fr"]: row for row in fr.dominance(list(arms().values()))}
+    # S 5% is faster in every repeat than FR k=10's best and syncs 2.5x as often.
+    assert d["FR k=10"]["strict"] == ["S 5%"]
+    # Against FR k=2 (ratio 0.5, gap 2) both shadow arms are faster; only back to back has a
+    # gap <= 2.
+    assert d["FR k=2"]["strict"] == ["S back to back"]
+
+
+def test_dominance_fails_when_spreads_overlap() -> None:
+    rows = [*ROWS, *[run("FR k=5", r, e, gap=5) for r, e in enumerate([940, 780, 1200])]]
+    d = {row["fr"]: row for row in fr.dominance(fr.summarize(rows, world_size=2))}
+    # FR k=5's best repeat (0.975) beats S 5%'s worst (0.95): not beyond the spread, although
+    # S 5%'s median (0.96) equals FR k=5's median (0.96).
+    assert d["FR k=5"]["strict"] == []
+    assert d["FR k=5"]["median"] == ["S 5%"]
