@@ -401,6 +401,13 @@ class Cluster:
                  tb: TracebackType | None) -> None:
         self.down()
 
+    def traffic(self, i: int) -> tuple[int, int]:
+        """Bytes host ``i``'s NIC has sent and received since it was built: proof that a job's
+        traffic crossed the emulated links, and its volume."""
+        out = _run(["ip", "-n", self.host_ns(i), "-j", "-s", "link", "show", HOST_IF]).stdout
+        stats = json.loads(out)[0]["stats64"]
+        return int(stats["tx"]["bytes"]), int(stats["rx"]["bytes"])
+
     # -- running jobs ------------------------------------------------------------------------
     def _free_port(self) -> int:
         """A port free on host 0 now. Asked inside its namespace: each launch gets a port no
@@ -435,9 +442,14 @@ class Cluster:
         collective with a dead peer would otherwise wait out the process group's timeout. Their
         codes then do not count; the failing hosts' do.
 
+        Whatever still runs in a host once its torchrun has ended is killed: workers run in
+        sessions of their own, and one that outlived its agent would hold the output open.
+
         Args:
             argv: what follows torchrun's own options: ``["script.py", ...]``,
-                ``["-m", "module", ...]`` or ``["--no-python", "prog", ...]``.
+                ``["-m", "module", ...]`` or ``["--no-python", "prog", ...]``. torchrun
+                options before the script override these (``["--nproc_per_node", "2", ...]``
+                for two ranks per host sharing its link).
             env: extra environment, over ``OMP_NUM_THREADS=1``, ``GLOO_SOCKET_IFNAME=veth0``
                 (also ``NCCL_SOCKET_IFNAME``) and ``PYTHONUNBUFFERED=1``, which are set here
                 (torchrun leaves OMP alone with one process per node).
@@ -448,6 +460,9 @@ class Cluster:
         """
         if not self._is_up:
             raise ClusterError(f"cluster {self.name!r} is not up: use up() or a with block")
+        torchrun = Path(sys.executable).parent / "torchrun"
+        if not torchrun.exists():
+            raise ClusterError(f"no torchrun next to {sys.executable}: install torch there")
         sink = on_line or _print_line
         port = self._free_port()
         penv = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": HOST_IF,
@@ -484,8 +499,6 @@ class Cluster:
                 time.sleep(0.05)
         finally:
             self._stop(procs, stopped, grace_s)
-            # Workers run in sessions of their own; one that outlived its torchrun would hold
-            # the output pipe open forever.
             for i in range(len(procs)):
                 _kill_namespace_pids(self.host_ns(i))
             for reader in readers:
@@ -679,8 +692,8 @@ def main(argv: list[str] | None = None) -> int:
     if command and args.cmd != "run":
         print(f"error: {args.cmd} takes no command after --", file=sys.stderr)
         return 2
-    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(s, _on_signal)
+    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {s: signal.signal(s, _on_signal) for s in signals}
     try:
         if args.cmd == "list":
             check_environment()
@@ -722,6 +735,9 @@ def main(argv: list[str] | None = None) -> int:
     except _Interrupted as e:
         print(f"cluster: {e} received, cluster removed", file=sys.stderr)
         return 128 + e.signum
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 if __name__ == "__main__":

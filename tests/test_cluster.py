@@ -1,0 +1,192 @@
+"""The emulated multi-host cluster (``benchmarks/cluster.py``): links hold their rate, the real
+training CLI runs across hosts, and no exit path leaves a namespace behind.
+
+Needs root and network namespaces; elsewhere every test that builds a cluster is skipped with
+the reason (``pytest -rs`` shows it). Clusters are named after this process, so a run never
+touches anyone else's (``ip netns list`` may show other clusters; only ours are asserted on).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+_PATH = REPO / "benchmarks" / "cluster.py"
+_spec = importlib.util.spec_from_file_location("cluster", _PATH)
+assert _spec is not None and _spec.loader is not None
+cl = importlib.util.module_from_spec(_spec)
+sys.modules["cluster"] = cl  # dataclasses look their module up by name
+_spec.loader.exec_module(cl)
+
+NAME = f"ci{os.getpid()}"
+# The training CLI, small: 26 tables of 1,000 rows, 10 steps of 128, 2 eval batches.
+TRAIN = [
+    "-m", "shadowsync.pipelines.train", "--config", "synthetic",
+    "data.options.num_embeddings=1000",
+    "train.batch_size=128",
+    "model.embedding_dim=8",
+    "model.dense_arch_layer_sizes=[16,8]",
+    "eval.batch_size=1024",
+    "eval.max_batches=2",
+    "eval.every_steps=null",
+    "train.log_every=1000",
+    "train.steps=10",
+]
+# Host 1 fails at once; host 0 would sleep for a minute (as a rank waiting on a dead peer would).
+FAIL_ON_H1 = ["--no-python", "sh", "-c",
+              'if [ "$GROUP_RANK" = 1 ]; then echo failing; exit 3; fi; echo waiting; sleep 60']
+
+
+@pytest.fixture
+def root_ns() -> None:
+    """Skips, saying why, where clusters cannot be built (not root, no ip/tc, no netns)."""
+    reason = cl.unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"emulated cluster unavailable: {reason}")
+
+
+def _ours(name: str = NAME) -> list[str]:
+    return sorted(ns for ns in cl.list_namespaces() if ns.startswith(f"{cl.PREFIX}-{name}"))
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, str(_PATH), *args]
+
+
+# -- no root needed ---------------------------------------------------------------------------
+def test_rates_and_sizes_parse_like_tc() -> None:
+    assert cl.parse_rate("200mbit") == 200_000_000
+    assert cl.parse_rate("1gbit") == 10**9
+    assert cl.parse_rate("125mbps") == 10**9  # tc: bps is bytes per second
+    assert cl.parse_rate("1.5Gbit") == 1_500_000_000
+    assert cl.parse_rate("unlimited") is None and cl.parse_rate(None) is None
+    for bad in ("200", "fast", "1gbit; rm -rf /", "10bit"):
+        with pytest.raises(cl.ClusterError):
+            cl.parse_rate(bad)
+    assert cl.parse_size("256kb") == 256 * 1024 and cl.parse_size("65536") == 65536
+    with pytest.raises(cl.ClusterError):
+        cl.parse_size("lots")
+    assert cl.default_burst(10**9) == 250_000  # 2 ms at 1 Gbit/s
+    assert cl.default_burst(10**6) == 32 * 1024
+
+
+def test_bad_settings_fail_before_touching_the_system() -> None:
+    with pytest.raises(cl.ClusterError, match="hosts"):
+        cl.Cluster(hosts=0)
+    with pytest.raises(cl.ClusterError, match="name"):
+        cl.Cluster(name="../etc")
+    with pytest.raises(cl.ClusterError, match="rate"):
+        cl.Cluster(rate="1 gigabit")
+    c = cl.Cluster(hosts=3, up_rate="1gbit", down_rate="200mbit", shared_rate="2gbit", name="x")
+    assert c.describe() == "cluster 'x': 3 hosts, links up 1gbit / down 200mbit, shared 2gbit"
+    argv = c.torchrun_argv(2, 29500, ["-m", "mod", "a=b c"])
+    assert argv[:4] == ["ip", "netns", "exec", "ssc-x-h2"]
+    assert Path(argv[4]) == Path(sys.executable).parent / "torchrun"
+    assert argv[5:] == ["--nnodes=3", "--nproc_per_node=1", "--node_rank=2",
+                        "--master_addr=198.18.0.1", "--master_port=29500", "-m", "mod", "a=b c"]
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="checks the message a non-root user gets")
+def test_not_root_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cl.main(["up", "--name", NAME]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "root" in err, err
+
+
+# -- root and namespaces ----------------------------------------------------------------------
+@pytest.mark.timeout(30)
+def test_up_replaces_and_down_removes_only_its_own(root_ns: None) -> None:
+    other = f"{NAME}-b"  # a name that starts with ours: must not be matched
+    try:
+        cl.Cluster(hosts=3, rate="1gbit", name=NAME).up()
+        cl.Cluster(hosts=1, name=other).up()
+        c = cl.Cluster(hosts=2, rate="100mbit", shared_rate="300mbit", name=NAME).up()
+        assert cl.cluster_namespaces(NAME) == [f"ssc-{NAME}-h0", f"ssc-{NAME}-h1",
+                                                f"ssc-{NAME}-sw"]
+        assert cl.list_clusters()[NAME] == 2 and cl.list_clusters()[other] == 1
+        up = subprocess.run(["tc", "-n", c.host_ns(1), "qdisc", "show", "dev", cl.HOST_IF],
+                            capture_output=True, text=True, check=True).stdout
+        assert "tbf" in up and "100Mbit" in up, up
+        sw = subprocess.run(["tc", "-n", c.switch_ns, "qdisc", "show"],
+                            capture_output=True, text=True, check=True).stdout
+        assert "dev ifb0 root" in sw and "300Mbit" in sw and sw.count("ingress") == 2, sw
+        lo = subprocess.run(["ip", "-n", c.host_ns(0), "-br", "link", "show", "lo"],
+                            capture_output=True, text=True, check=True).stdout
+        assert "UP" in lo, lo
+        # No route out: only the cluster's own /24.
+        routes = subprocess.run(["ip", "-n", c.host_ns(0), "route"],
+                                capture_output=True, text=True, check=True).stdout
+        assert routes.split()[0] == "198.18.0.0/24" and "default" not in routes, routes
+        c.down()
+        assert _ours() == [f"ssc-{other}-h0", f"ssc-{other}-sw"]
+    finally:
+        cl.down(NAME)
+        cl.down(other)
+    assert _ours() == []
+    assert not (cl.ETC_NETNS / f"ssc-{NAME}-h0").exists()
+
+
+@pytest.mark.timeout(120)
+def test_limited_link_and_training_across_hosts(root_ns: None) -> None:
+    lines: list[tuple[int, str]] = []
+    with cl.Cluster(hosts=2, rate="200mbit", name=NAME) as c:
+        # 8 MB at 200 Mbit/s (25 MB/s) is 0.32 s on the wire; unlimited it is ~10 ms.
+        (r,) = c.probe([8], repeats=1)
+        assert r.seconds >= 0.25, r
+        assert r.algbw_MBps < 26, r
+        sent_before, _ = c.traffic(1)
+        rc = c.launch(TRAIN, on_line=lambda h, line: lines.append((h, line)), timeout_s=90)
+        sent, received = c.traffic(1)
+    log = "\n".join(f"[h{h}] {line}" for h, line in lines)
+    assert rc == 0, log[-4000:]
+    assert any(h == 0 and "world 2 on cpu (gloo)" in line for h, line in lines), log[-4000:]
+    summaries = [json.loads(line[line.index("{"):]) for h, line in lines
+                 if h == 0 and '"summary": true' in line]
+    assert len(summaries) == 1, log[-4000:]
+    assert summaries[0]["step"] == 10 and summaries[0]["eval_examples"] > 0, summaries
+    assert any(h == 1 for h, _ in lines)  # host 1 ran too, and its output came back
+    # Its all-to-alls and dense syncs went over host 1's emulated link.
+    assert sent - sent_before > 100_000 and received > 100_000, (sent, received)
+    assert _ours() == []
+
+
+@pytest.mark.timeout(60)
+def test_failing_host_stops_the_others_and_removes_the_cluster(root_ns: None) -> None:
+    t0 = time.monotonic()
+    proc = subprocess.run(_cli("run", "--name", NAME, "--hosts", "2", "--", *FAIL_ON_H1),
+                          capture_output=True, text=True, timeout=50, cwd=REPO)
+    wall = time.monotonic() - t0
+    assert proc.returncode not in (0, 2), proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "[h1] failing" in proc.stdout and "[h0] waiting" in proc.stdout
+    assert "h1 exit" in proc.stderr, proc.stderr[-2000:]
+    assert wall < 30, wall  # not host 0's 60 s sleep
+    assert _ours() == []
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_tears_down(root_ns: None) -> None:
+    proc = subprocess.Popen(
+        _cli("run", "--name", NAME, "--hosts", "2", "--", "--no-python", "sh", "-c",
+             "echo ready; sleep 60"),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+    assert proc.stdout is not None
+    seen: set[str] = set()
+    for line in proc.stdout:
+        if line.strip().endswith("ready"):
+            seen.add(line[:4])
+        if len(seen) == 2:
+            break
+    assert seen == {"[h0]", "[h1]"}
+    proc.send_signal(signal.SIGTERM)
+    proc.stdout.read()
+    assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    assert _ours() == []
