@@ -82,7 +82,9 @@ class SyncConfig:
     flight costs a step and spaces rounds to stay within it, so the sync gap adapts to the
     link, the CPU and the model. ``min_interval_s`` and ``max_comm_share`` are fixed floors on
     the spacing. ``wire_dtype`` sends each round's payload in bfloat16 or float16 (differences
-    to a rank-identical reference; half the bytes), shadow and fixed-rate alike.
+    to a rank-identical reference; half the bytes), shadow and fixed-rate alike. ``chunk_mb``
+    splits each round's allreduce into collectives of at most that size, so a round never
+    queues more than one chunk ahead of the embedding all-to-alls on a shared link.
     """
 
     algorithm: SyncAlgorithm = "none"
@@ -96,6 +98,7 @@ class SyncConfig:
     max_comm_share: float | None = None
     max_slowdown: float | None = None
     wire_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    chunk_mb: float | None = None
     final_sync: bool = True
     timeout_s: float = 300.0
     backend: Literal["gloo", "nccl"] = "gloo"
@@ -207,6 +210,8 @@ class RunConfig:
             raise ValueError(f"sync.block_momentum must be in [0, 1), got {s.block_momentum}")
         if s.max_comm_share is not None and not 0 < s.max_comm_share <= 1:
             raise ValueError(f"sync.max_comm_share must be in (0, 1], got {s.max_comm_share}")
+        if s.chunk_mb is not None and not s.chunk_mb > 0:
+            raise ValueError(f"sync.chunk_mb must be positive, got {s.chunk_mb}")
         if s.max_slowdown is not None and not 0 < s.max_slowdown < 1:
             raise ValueError(f"sync.max_slowdown must be in (0, 1), got {s.max_slowdown}")
         if s.min_interval_s < 0:

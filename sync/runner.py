@@ -220,9 +220,13 @@ class SyncRunner(abc.ABC):
     """Owns the live dense parameters, the flat buffers, the strategy and the sync group.
 
     Shared by both runners: flattening, the round function, the abort protocol, applying deltas,
-    the final consensus, telemetry and state. The reduced buffer is ``[payload (numel), stop,
-    abort]``: the two flags ride in the same allreduce as the payload, so every rank learns of a
-    stop request or a peer's failure on the same round and nobody is left blocked in a collective.
+    the final consensus, telemetry and state. ``chunk_bytes`` splits each allreduce into
+    collectives of at most that many bytes: a round then never puts more than one chunk at a
+    time in front of the training loop's own traffic (TorchRec's all-to-alls) on a shared link.
+    The reduced buffer is ``[payload (numel), stop, quiet seconds, abort by rank]``: the control
+    values ride in the same allreduce as the payload, so every rank learns of a stop request, a
+    peer's failure or the agreed pause on the same round and nobody is left blocked in a
+    collective.
 
     Lifecycle (every call collective across ranks unless noted)::
 
@@ -237,8 +241,10 @@ class SyncRunner(abc.ABC):
     """
 
     def __init__(self, params: Sequence[Tensor], strategy: SyncStrategy,
-                 group: dist.ProcessGroup) -> None:
+                 group: dist.ProcessGroup, *, chunk_bytes: int | None = None) -> None:
         _require_dist()
+        if chunk_bytes is not None and chunk_bytes < 16:
+            raise ValueError(f"chunk_bytes must be >= 16 or None, got {chunk_bytes}")
         if not isinstance(strategy, SyncStrategy):
             raise TypeError(f"strategy must be a SyncStrategy, got {type(strategy).__name__}")
         if not isinstance(group, dist.ProcessGroup):
@@ -261,6 +267,8 @@ class SyncRunner(abc.ABC):
         self._comm = torch.empty(self._numel + _CONTROL + self._world_size,
                                  dtype=strategy.wire_dtype or dtype, device=self._device)
         self._reduced = self._comm[: self._numel]
+        self._chunk_numel = (self._comm.numel() if chunk_bytes is None
+                             else max(1, chunk_bytes // self._comm.element_size()))
         self._peers_told = False  # an abort round was spent, or peers cannot be reached
         self._snapshot_step = 0  # the training step the snapshot was taken at
         self._stream: torch.cuda.Stream | None = None
@@ -410,7 +418,8 @@ class SyncRunner(abc.ABC):
                 comm[n + _CONTROL + self._rank].fill_(1.0)
             began = time.perf_counter()
             try:
-                dist.all_reduce(comm, op=dist.ReduceOp.SUM, group=self._group)
+                for chunk in comm.split(self._chunk_numel):
+                    dist.all_reduce(chunk, op=dist.ReduceOp.SUM, group=self._group)
             except BaseException:
                 self._peers_told = True  # the group itself is in doubt: no abort round
                 raise
@@ -532,10 +541,11 @@ class FixedRateSyncRunner(SyncRunner):
     """
 
     def __init__(self, params: Sequence[Tensor], strategy: SyncStrategy,
-                 group: dist.ProcessGroup, *, period: int) -> None:
+                 group: dist.ProcessGroup, *, period: int, chunk_bytes: int | None = None
+                 ) -> None:
         if isinstance(period, bool) or not isinstance(period, int) or period < 1:
             raise ValueError(f"period must be an int >= 1, got {period!r}")
-        super().__init__(params, strategy, group)
+        super().__init__(params, strategy, group, chunk_bytes=chunk_bytes)
         self._period = period
 
     def step(self) -> None:
@@ -704,7 +714,7 @@ class ShadowSyncRunner(SyncRunner):
     def __init__(self, params: Sequence[Tensor], strategy: SyncStrategy,
                  group: dist.ProcessGroup, *, min_interval_s: float = 0.0,
                  max_comm_share: float = 1.0, max_slowdown: float | None = None,
-                 deadline_s: float | None = None) -> None:
+                 deadline_s: float | None = None, chunk_bytes: int | None = None) -> None:
         if not min_interval_s >= 0.0:
             raise ValueError(f"min_interval_s must be >= 0, got {min_interval_s}")
         if not 0.0 < max_comm_share <= 1.0:
@@ -713,7 +723,7 @@ class ShadowSyncRunner(SyncRunner):
             raise ValueError(f"deadline_s must be > min_interval_s ({min_interval_s}), "
                              f"got {deadline_s}")
         self._pacer = SlowdownPacer(max_slowdown) if max_slowdown is not None else None
-        super().__init__(params, strategy, group)
+        super().__init__(params, strategy, group, chunk_bytes=chunk_bytes)
         self._min_interval_s = min_interval_s
         self._max_comm_share = max_comm_share
         self._deadline_s = deadline_s

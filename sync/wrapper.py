@@ -236,8 +236,10 @@ class ShadowSyncReplicas(LocalReplicas):
     def _start_runner(self, group: dist.ProcessGroup) -> None:
         cfg = self.cfg
         params = list(self.params.values())
+        chunk = None if cfg.chunk_mb is None else max(16, int(cfg.chunk_mb * 2**20))
         if cfg.mode == "fixed_rate":
-            self.runner = FixedRateSyncRunner(params, make_strategy(cfg), group, period=cfg.period)
+            self.runner = FixedRateSyncRunner(params, make_strategy(cfg), group, period=cfg.period,
+                                              chunk_bytes=chunk)
         else:
             self.runner = ShadowSyncRunner(
                 params,
@@ -246,6 +248,7 @@ class ShadowSyncReplicas(LocalReplicas):
                 min_interval_s=cfg.min_interval_s,
                 max_comm_share=cfg.max_comm_share if cfg.max_comm_share is not None else 1.0,
                 max_slowdown=cfg.max_slowdown,
+                chunk_bytes=chunk,
                 deadline_s=cfg.timeout_s,
             )
         self.runner.start()

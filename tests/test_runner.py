@@ -117,6 +117,8 @@ def test_rejects_bad_arguments(world1: dist.ProcessGroup) -> None:
         (lambda: ShadowSyncRunner(ps, ma, world1, min_interval_s=1.0, deadline_s=0.5),
          ValueError, "deadline_s"),
         (lambda: FixedRateSyncRunner(ps, ma, world1, period=0), ValueError, "period"),
+        (lambda: FixedRateSyncRunner(ps, ma, world1, period=1, chunk_bytes=8), ValueError,
+         "chunk_bytes"),
         (lambda: new_sync_group(timeout=timedelta(0)), ValueError, "timeout"),
     ]
     for make, exc, match in cases:
@@ -305,6 +307,7 @@ SHADOW_RUNS = [
     Run("ma_bf16", functools.partial(ModelAveraging, wire_dtype=torch.bfloat16)),
     Run("easgd_fp16", functools.partial(ElasticAveraging, alpha=0.4, wire_dtype=torch.float16)),
     Run("ma_slowdown", ModelAveraging, {"max_slowdown": 0.05}, max_spread=0.6),  # rarer rounds
+    Run("bmuf_chunked", BlockwiseModelUpdateFiltering, {"chunk_bytes": 256}),  # 3 collectives
 ]
 
 
