@@ -8,7 +8,9 @@ code  meaning
 ====  ==============================================================================
 0     trained to the end
 1     this rank failed (its log says ``rank N failed: ...``; torchrun's summary names the
-      first failing rank)
+      first failing rank), including a run that went non-finite (:class:`NonFiniteValue`:
+      the step, the rank that saw it first and what: loss, dense gradients, eval predictions
+      or eval metrics)
 2     bad configuration or data set, found before any process group started
 143   preempted: SIGTERM reached some rank, every rank stopped after the same step and the
       checkpoint of that step was written; relaunch with ``checkpoint.resume=true`` (the
@@ -20,8 +22,10 @@ code  meaning
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
+from collections.abc import Sequence
 from datetime import timedelta
 from types import FrameType
 
@@ -30,8 +34,9 @@ import torch.distributed as dist
 
 from shadowsync.sync.runner import PeerAborted
 
-__all__ = ["PREEMPTED_EXIT_CODE", "Control", "PeerFailed", "attribute_failure",
-           "failure_message", "install_sigterm_handler", "stop_requested"]
+__all__ = ["PREEMPTED_EXIT_CODE", "Control", "FiniteWatch", "NonFiniteValue", "PeerFailed",
+           "PeerNonFinite", "attribute_failure", "failure_message", "install_sigterm_handler",
+           "is_consequence", "non_finite_message", "raise_if_non_finite", "stop_requested"]
 
 logger = logging.getLogger(__name__)
 
@@ -89,10 +94,10 @@ def _failure_store() -> dist.Store | None:
     return dist.PrefixStore(f"shadowsync/failure/{attempt}/", store)
 
 
-def _is_consequence(exc: BaseException | None) -> bool:
+def is_consequence(exc: BaseException | None) -> bool:
     """Whether ``exc`` (or what caused it) says that another rank failed first."""
     while exc is not None:
-        if isinstance(exc, PeerAborted):
+        if isinstance(exc, (PeerAborted, PeerNonFinite)):
             return True
         exc = exc.__cause__
     return False
@@ -112,7 +117,7 @@ def attribute_failure(exc: Exception) -> Exception:
     if store is None:
         return exc
     try:
-        if not _is_consequence(exc) and store.add("count", 1) == 1:
+        if not is_consequence(exc) and store.add("count", 1) == 1:
             store.set("first", failure_message(exc))
             return exc
         store.wait(["first"], timedelta(seconds=_STORE_TIMEOUT_S))
@@ -137,9 +142,126 @@ class Control:
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
 
+    def exchange(self, values: Sequence[float]) -> torch.Tensor:
+        """Collective: every rank's ``values``, as a ``world_size x len(values)`` float64 table
+        (exact for integers below 2**53, such as step numbers)."""
+        table = torch.zeros(self.world_size, len(values), dtype=torch.float64)
+        table[self.rank] = torch.tensor([float(v) for v in values], dtype=table.dtype)
+        dist.all_reduce(table, group=self.group)
+        return table
+
     def ranks_with(self, *flags: bool) -> list[list[int]]:
         """Collective: for each of this rank's ``flags``, the ranks that raised it."""
-        table = torch.zeros(self.world_size, len(flags))
-        table[self.rank] = torch.tensor(flags, dtype=table.dtype)
-        dist.all_reduce(table, group=self.group)
+        table = self.exchange(flags)
         return [table[:, i].nonzero().flatten().tolist() for i in range(len(flags))]
+
+
+# ---------------------------------------------------------------------------------- non-finite
+class NonFiniteValue(RuntimeError):
+    """The run went non-finite: a loss, dense gradients, eval predictions or eval metrics held
+    NaN or inf. The message names the step, the rank that saw it first and what; raised by
+    that rank (every rank, for eval metrics computed from all ranks' predictions)."""
+
+
+class PeerNonFinite(NonFiniteValue):
+    """This rank stops because another rank saw a non-finite value first (a consequence:
+    :func:`attribute_failure` reports that rank's error)."""
+
+
+class FiniteWatch:
+    """Remembers, on the device, the first step at which the loss or the dense gradients went
+    non-finite, and reads it back without ever making the host wait for the device.
+
+    :meth:`observe` queues one fused max-abs over the gradients (``_foreach_norm(inf)``, which
+    propagates NaN) and a few scalar ops. :meth:`poll` returns what is known without waiting:
+    on CPU the current values (there is no device to wait for); on a GPU the values of an
+    earlier step, copied to pinned memory asynchronously and read once the copy's event has
+    completed. :meth:`first_steps` reads the current values (a synchronization: only where
+    the loop synchronizes anyway).
+    """
+
+    KINDS = ("loss", "dense gradients")
+
+    def __init__(self, params: Sequence[torch.Tensor], device: torch.device) -> None:
+        self.params = list(params)
+        self._first = torch.zeros(len(self.KINDS), dtype=torch.long, device=device)
+        self._async = device.type == "cuda"
+        self._host = torch.zeros_like(self._first, device="cpu",
+                                      pin_memory=self._async)
+        self._copied: torch.cuda.Event | None = None
+
+    @torch.no_grad()
+    def observe(self, step: int, loss: torch.Tensor) -> None:
+        """Records ``step`` for what is non-finite now, unless it was already recorded."""
+        grads = [p.grad for p in self.params if p.grad is not None]
+        grad_max = (torch.stack(torch._foreach_norm(grads, math.inf)).max() if grads
+                    else torch.zeros((), device=self._first.device))
+        bad = ~torch.isfinite(torch.stack([loss.detach().float().reshape(()),
+                                           grad_max.float()]))
+        self._first.masked_fill_(bad & (self._first == 0), step)
+
+    def poll(self) -> list[int] | None:
+        """Per kind, the first non-finite step known now without waiting (0: none yet), or
+        None while a GPU copy is still in flight. Never blocks."""
+        if not self._async:
+            return [int(s) for s in self._first.tolist()]
+        if self._copied is not None and not self._copied.query():
+            return None
+        seen = [int(s) for s in self._host.tolist()] if self._copied is not None else None
+        self._host.copy_(self._first, non_blocking=True)
+        self._copied = torch.cuda.Event()
+        self._copied.record()
+        return seen
+
+    def first_steps(self) -> list[int]:
+        """Per kind, the first step it was non-finite (0: never). Waits for the device."""
+        return [int(s) for s in self._first.tolist()]
+
+    def local_message(self, rank: int, world_size: int,
+                      steps: Sequence[int] | None = None) -> str | None:
+        """What this rank alone saw (``steps``, or :meth:`first_steps`), or None."""
+        table = torch.zeros(world_size, len(self.KINDS), dtype=torch.float64)
+        table[rank] = torch.tensor(list(steps if steps is not None else self.first_steps()),
+                                   dtype=table.dtype)
+        found = non_finite_message(table, self.KINDS)
+        return None if found is None else found[0]
+
+
+def non_finite_message(table: torch.Tensor, kinds: Sequence[str]) -> tuple[str, list[int]] | None:
+    """From a ``ranks x kinds`` table of first non-finite steps (0: none), a message naming
+    the earliest step, what and the rank that saw it then, followed by every rank's own first
+    steps; and the ranks that saw it first (ties: the same step and kind). None if all are 0.
+
+    Within a step the kinds are ordered as given (the loss precedes the gradients computed
+    from it), so a NaN loss on one rank is named before the gradients DDP spread from it.
+    """
+    events = sorted((int(step), k, r) for r, row in enumerate(table.tolist())
+                    for k, step in enumerate(row) if step > 0)
+    if not events:
+        return None
+    step0, kind0, _ = events[0]
+    first = [r for s, k, r in events if (s, k) == (step0, kind0)]
+    per_rank: dict[int, dict[int, list[str]]] = {}
+    for s, k, r in events:
+        per_rank.setdefault(r, {}).setdefault(s, []).append(kinds[k])
+    seen = "; ".join(
+        f"rank {r}: " + ", ".join(f"{' and '.join(ks)} at step {s}" for s, ks in steps.items())
+        for r, steps in sorted(per_rank.items()))
+    ranks = " and ".join(f"rank {r}" for r in first)
+    return (f"non-finite {kinds[kind0]} (NaN or inf) at step {step0} on {ranks} "
+            f"(seen by {seen})", first)
+
+
+def raise_if_non_finite(table: torch.Tensor, kinds: Sequence[str], rank: int,
+                        where: str) -> None:
+    """Raises on every rank if ``table`` (see :func:`non_finite_message`) records anything:
+    :class:`NonFiniteValue` on the rank(s) that saw it first, :class:`PeerNonFinite` on the
+    others, so that the job's failure names the first one. ``where`` says when it was found."""
+    found = non_finite_message(table, kinds)
+    if found is None:
+        return
+    message, first = found
+    if rank in first:
+        raise NonFiniteValue(f"{message}; found {where}")
+    raise PeerNonFinite(f"rank(s) {first} went non-finite first (see that rank's error); "
+                        f"found {where}")

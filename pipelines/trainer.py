@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import math
 import sys
 import time
 from collections.abc import Iterator
@@ -82,6 +83,16 @@ class Trainer:
     finishes the synchronizer, writes a checkpoint and returns a summary with
     ``preempted: True`` (no final evaluation).
 
+    A run that goes non-finite fails (:class:`~.faults.NonFiniteValue`, naming the step, the
+    rank and what): every step queues a check of the loss and the dense gradients on the
+    device (:class:`~.faults.FiniteWatch`) and polls its result without waiting. A rank whose
+    loss went non-finite fails at once (its peers stop with ``PeerFailed`` naming it); what
+    the poll has not shown yet (on GPUs it lags a step or more) and non-finite gradients are
+    compared across ranks in the control exchange and before every log record, checkpoint,
+    evaluation and the end, where every rank raises and the earliest (step, then loss before
+    gradients) is named. Evaluation checks its predictions on every rank and its metrics.
+    Nothing non-finite is logged, checkpointed or summarized.
+
     Example::
 
         env = init_distributed(cfg.train.pg_timeout_s)
@@ -99,6 +110,7 @@ class Trainer:
         self.optimizer = build_optimizer(cfg, self.dmp)
         self.pipeline = TrainPipelineSparseDist(self.dmp, self.optimizer, env.device)
         self.control = faults.Control(cfg.train.pg_timeout_s)
+        self.watch = faults.FiniteWatch(list(dense_parameters(self.dmp).values()), env.device)
         self.metrics = train_metric_module(cfg, env)
         self.step = 0
         self.epoch = 0
@@ -156,8 +168,18 @@ class Trainer:
         self.dmp.train()
         self.wrapper.resume()
         empty = torch.empty(0, device=self.env.device)
-        return gather_metrics(torch.cat(logits) if logits else empty,
-                              torch.cat(labels) if labels else empty)
+        local = torch.cat(logits) if logits else empty
+        finite = bool(torch.isfinite(local).all())
+        where = f"in the evaluation after step {self.step}"
+        faults.raise_if_non_finite(self.control.exchange([0 if finite else max(self.step, 1)]),
+                                   ["eval predictions"], self.env.rank, where)
+        metrics = gather_metrics(local, torch.cat(labels) if labels else empty)
+        bad = {k: v for k, v in metrics.items() if not math.isfinite(v)}
+        if bad:  # the same on every rank: computed from every rank's (finite) predictions
+            raise faults.NonFiniteValue(
+                f"non-finite eval metrics {bad} {where}, from finite predictions of every rank "
+                f"(eval click rate {metrics['ctr']}, {metrics['examples']:.0f} examples)")
+        return metrics
 
     # ------------------------------------------------------------------ checkpoints
     def _sharded_state(self) -> dict[str, Any]:
@@ -277,11 +299,21 @@ class Trainer:
             self.epoch += 1
             self.epoch_step = 0
 
+    def _check_finite(self, where: str) -> None:
+        """Collective: raises on every rank if the loss or the dense gradients went non-finite
+        on any (see :func:`~.faults.raise_if_non_finite`)."""
+        table = self.control.exchange(self.watch.first_steps())
+        faults.raise_if_non_finite(table, faults.FiniteWatch.KINDS, self.env.rank, where)
+
     def _agree_to_stop(self) -> bool:
-        """Collective: degrades a failed synchronizer on every rank at once, and says whether
-        SIGTERM reached any rank (then every rank stops after this same step)."""
-        stop, sync_failed = self.control.ranks_with(faults.stop_requested(),
-                                                    self.wrapper.failed())
+        """Collective: fails every rank if any went non-finite; degrades a failed synchronizer
+        on every rank at once, and says whether SIGTERM reached any rank (then every rank stops
+        after this same step). One exchange carries all of it."""
+        table = self.control.exchange([faults.stop_requested(), self.wrapper.failed(),
+                                       *self.watch.first_steps()])
+        faults.raise_if_non_finite(table[:, 2:], faults.FiniteWatch.KINDS, self.env.rank,
+                                   f"at the check after step {self.step}")
+        stop, sync_failed = (table[:, i].nonzero().flatten().tolist() for i in (0, 1))
         if sync_failed:
             self.wrapper.degrade(sync_failed)
         if stop and self.env.rank == 0:
@@ -292,7 +324,26 @@ class Trainer:
         return bool(stop)
 
     def train(self) -> dict[str, Any]:
-        """Trains to ``train.steps`` (or the epochs' end) or until preempted; every rank."""
+        """Trains to ``train.steps`` (or the epochs' end) or until preempted; every rank.
+
+        Raises :class:`~.faults.NonFiniteValue` if the run went non-finite. When another
+        error ends training first (say the synchronizer found a non-finite replica) on a rank
+        whose own loss or dense gradients had gone non-finite, that is what this rank reports,
+        with the error as its cause.
+        """
+        try:
+            return self._train()
+        except faults.NonFiniteValue:
+            raise
+        except Exception as e:
+            seen = self.watch.local_message(self.env.rank, self.env.world_size)
+            if seen is None:
+                raise
+            cls = faults.PeerNonFinite if faults.is_consequence(e) else faults.NonFiniteValue
+            raise cls(f"{seen}; found on this rank when training failed with "
+                      f"{type(e).__name__}: {e}") from e
+
+    def _train(self) -> dict[str, Any]:
         cfg = self.cfg
         every_ckpt = cfg.checkpoint.every_steps
         total = cfg.train.steps
@@ -311,6 +362,14 @@ class Trainer:
                     loss, logits, labels = self.pipeline.progress(segment)
                 except StopIteration:
                     break
+                self.watch.observe(self.step + 1, loss)
+                seen = self.watch.poll()
+                if seen is not None and seen[0]:  # this rank's loss: fail now (peers learn it
+                    # from the job's failure report); gradients wait for the exchange, where
+                    # the loss that made them non-finite (DDP spreads it) is named first
+                    raise faults.NonFiniteValue(
+                        f"{self.watch.local_message(self.env.rank, self.env.world_size, seen)}"
+                        "; found on this rank at once")
                 self.wrapper.after_step()
                 self.step += 1
                 self.epoch_step += 1
@@ -321,6 +380,7 @@ class Trainer:
                 loss_n += 1
                 bar.update(1)
                 if self.step % cfg.train.log_every == 0:
+                    self._check_finite(f"before the log of step {self.step}")
                     record = self._train_record(float(loss_sum) / loss_n)
                     bar.set_postfix(loss=f"{record['loss']:.4f}", ne=f"{record.get('ne', 0):.4f}",
                                     ex_s=f"{record.get('examples_per_s', 0):,.0f}")

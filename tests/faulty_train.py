@@ -14,6 +14,9 @@ package, so production code carries no fault hooks. Kinds, on rank ``R``:
 ``sigterm-save``   SIGTERM to itself while writing the checkpoint of step ``N``
 ``fail-sync``      the synchronization strategy raises in round ``N``
 ``stall-sync``     the synchronization strategy never returns from round ``N``
+``nan-loss``       the ``N``-th training batch of the epoch has NaN dense features, so the loss
+                   of training step ``N`` is NaN
+``nan-eval``       the ``N``-th evaluation batch has NaN dense features (NaN predictions)
 =================  ============================================================================
 
 Each injection prints ``FAULT <kind> rank <R> at <unix time>`` first, so tests can time the
@@ -22,16 +25,19 @@ reaction.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torchrec.datasets.utils import Batch
 
 from shadowsync.pipelines import train
 from shadowsync.pipelines.trainer import Trainer
@@ -104,6 +110,44 @@ def _in_sync_round(rank: int, round_: int, kind: str) -> None:
     ModelAveraging.reduce_input = patched  # type: ignore[method-assign]
 
 
+class _Poisoned:
+    """A data set whose ``n``-th training or evaluation batch on ``rank`` has NaN dense
+    features; everything else is the wrapped data set's."""
+
+    def __init__(self, dataset: Any, rank: int, kind: str, n: int) -> None:
+        self._dataset, self._rank, self._kind, self._n = dataset, rank, kind, n
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._dataset, name)
+
+    def _poison(self, batches: Iterator[Batch], rank: int, kind: str) -> Iterator[Batch]:
+        for i, batch in enumerate(batches, 1):
+            if rank == self._rank and kind == self._kind and i == self._n:
+                _announce(kind)
+                batch = dataclasses.replace(
+                    batch, dense_features=torch.full_like(batch.dense_features, float("nan")))
+            yield batch
+
+    def train_batches(self, batch_size: int, rank: int, world_size: int,
+                      *args: Any, **kwargs: Any) -> Iterator[Batch]:
+        return self._poison(self._dataset.train_batches(batch_size, rank, world_size, *args,
+                                                        **kwargs), rank, "nan-loss")
+
+    def eval_batches(self, batch_size: int, rank: int, world_size: int,
+                     *args: Any, **kwargs: Any) -> Iterator[Batch]:
+        return self._poison(self._dataset.eval_batches(batch_size, rank, world_size, *args,
+                                                       **kwargs), rank, "nan-eval")
+
+
+def _nan_data(rank: int, n: int, kind: str) -> None:
+    init = Trainer.__init__
+
+    def patched(self: Trainer, cfg: Any, env: Any, dataset: Any) -> None:
+        init(self, cfg, env, _Poisoned(dataset, rank, kind, n))
+
+    Trainer.__init__ = patched  # type: ignore[method-assign]
+
+
 def install(spec: str) -> None:
     m = _SPEC.match(spec)
     if m is None:
@@ -113,6 +157,8 @@ def install(spec: str) -> None:
         _in_sync_round(rank, n, kind)
     elif kind == "sigterm-save":
         _during_save(rank, n)
+    elif kind in ("nan-loss", "nan-eval"):
+        _nan_data(rank, n, kind)
     elif kind in ("raise", "kill", "stall", "sigterm", "sigterm-agent"):
         _after_step(rank, n, kind)
     else:

@@ -9,6 +9,8 @@ Each job carries a marker in its environment, so a test can assert that no proce
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import re
 import subprocess
@@ -17,6 +19,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -24,9 +27,12 @@ import torch.distributed as dist
 from torchx.runner import get_runner
 from torchx.specs import AppState
 
-from shadowsync.pipelines import checkpoint, train
+from shadowsync.datasets import build_dataset
+from shadowsync.pipelines import checkpoint, faults, train
+from shadowsync.pipelines.config import load_config
 from shadowsync.torchx_components.train import train as train_component
-from tests._dist import free_port
+from tests._dist import free_port, run_ranks
+from tests.faulty_train import _Poisoned
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
@@ -323,3 +329,87 @@ def test_preemption_checkpoints_and_resumes(tmp_path: Path) -> None:
     _report("newest checkpoint corrupt (rank 1's file of step 50)", third,
             "warning `checkpoint .../step_00000050 did not load on rank(s) [1]: ...`; "
             "resumes from step 40, trains to 60, exit 0")
+
+
+# ---------------------------------------------------------------------------------- non-finite
+def _records(out: Path) -> list[dict[str, Any]]:
+    """metrics.jsonl as written (json reads NaN and Infinity back as floats)."""
+    path = out / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_non_finite_loss_fails_the_job_naming_step_rank_and_loss(tmp_path: Path) -> None:
+    """NaN input on rank 1 at step 25 of the default (shadow MA) job: rank 1 fails at once
+    naming the step and the loss; rank 0 (whose embeddings the NaN reached) names rank 1;
+    nothing after step 20 is logged, saved or summarized."""
+    job = torchrun([f"output_dir={tmp_path / 'out'}", f"checkpoint.dir={tmp_path / 'ckpt'}",
+                    "checkpoint.every_steps=10", "train.log_every=10", "train.steps=60"],
+                   fault="rank1:nan-loss@25")
+    assert job.rc == 1, job.log[-3000:]
+    cause = ("rank 1 failed: NonFiniteValue: non-finite loss (NaN or inf) at step 25 on rank 1")
+    assert cause in job.log, job.log[-3000:]
+    assert f"rank 0 failed: PeerFailed: {cause}" in job.log, job.log[-3000:]
+    assert _root_cause_is_rank_1(job.log)
+    assert job.since_fault() < EXIT_BOUND_S
+    records = _records(tmp_path / "out")
+    assert [r["step"] for r in records if "loss" in r] == [10, 20]
+    assert all(math.isfinite(r["loss"]) for r in records if "loss" in r)
+    assert not any(r.get("summary") for r in records)
+    _assert_loadable(tmp_path / "ckpt", 20)
+    _report("NaN loss on rank 1 at step 25 (shadow MA)", job, "`rank 1 failed: NonFiniteValue: "
+            "non-finite loss (NaN or inf) at step 25 on rank 1 ...`; rank 0 `PeerFailed: rank 1 "
+            "failed: ...`; no summary; step-20 checkpoint loads", job.since_fault())
+
+
+def test_non_finite_eval_fails_the_job_without_a_summary(tmp_path: Path) -> None:
+    job = torchrun([f"output_dir={tmp_path}", "train.steps=20"], fault="rank1:nan-eval@1")
+    assert job.rc == 1, job.log[-3000:]
+    cause = ("rank 1 failed: NonFiniteValue: non-finite eval predictions (NaN or inf) at step 20 "
+             "on rank 1")
+    assert cause in job.log, job.log[-3000:]
+    assert f"rank 0 failed: PeerFailed: {cause}" in job.log, job.log[-3000:]
+    records = _records(tmp_path)
+    assert not any(r.get("summary") or any(k.startswith("eval_") for k in r) for r in records)
+    _report("NaN eval predictions on rank 1 (final evaluation)", job, "`rank 1 failed: "
+            "NonFiniteValue: non-finite eval predictions (NaN or inf) at step 20 on rank 1 ...`; "
+            "no summary")
+
+
+def _nan_found_by_exchange(rank: int, world_size: int) -> dict[str, Any]:
+    env = train.init_distributed(60)
+    cfg = load_config("synthetic", SMALL[2:] + ["sync.algorithm=ddp", "train.steps=60"])
+    dataset = _Poisoned(build_dataset(cfg.data.name, **cfg.data.options), 1, "nan-loss", 25)
+    trainer = train.Trainer(cfg, env, dataset)
+    trainer.watch.poll = lambda: None  # type: ignore[method-assign]  # a GPU's copy in flight
+    try:
+        trainer.train()
+    except faults.NonFiniteValue as e:
+        return {"error": type(e).__name__, "message": str(e), "step": trainer.step}
+    return {"error": None, "step": trainer.step}
+
+
+def test_ranks_agree_on_who_went_non_finite_first() -> None:
+    """As on GPUs, where the poll lags: the control exchange after step 30 finds the NaN.
+    DDP spread rank 1's NaN loss of step 25 to rank 0's gradients in the same step; the loss
+    is named first, and only rank 1 claims the cause."""
+    r0, r1 = run_ranks(_nan_found_by_exchange, timeout_s=120)
+    assert r0["step"] == r1["step"] == 30
+    assert r1["error"] == "NonFiniteValue"
+    assert r1["message"] == (
+        "non-finite loss (NaN or inf) at step 25 on rank 1 (seen by rank 0: dense gradients at "
+        "step 25, loss at step 26; rank 1: loss and dense gradients at step 25); found at the "
+        "check after step 30")
+    assert r0["error"] == "PeerNonFinite"
+    assert r0["message"].startswith("rank(s) [1] went non-finite first")
+    assert faults.is_consequence(faults.PeerNonFinite("x"))
+
+
+def test_non_finite_message_orders_by_step_then_kind() -> None:
+    kinds = faults.FiniteWatch.KINDS
+    assert faults.non_finite_message(torch.zeros(2, 2), kinds) is None
+    found = faults.non_finite_message(torch.tensor([[0.0, 7.0], [7.0, 7.0], [9.0, 0.0]]), kinds)
+    assert found == ("non-finite loss (NaN or inf) at step 7 on rank 1 (seen by rank 0: dense "
+                     "gradients at step 7; rank 1: loss and dense gradients at step 7; rank 2: "
+                     "loss at step 9)", [1])
+    _, first = faults.non_finite_message(torch.tensor([[3.0, 3.0], [3.0, 0.0]]), kinds)
+    assert first == [0, 1]  # a tie: both saw the loss go non-finite in step 3
