@@ -541,6 +541,8 @@ class Cluster:
         """
         if self.hosts < 2:
             raise ClusterError("probe needs at least 2 hosts")
+        if repeats < 1 or not sizes_mb or min(sizes_mb) <= 0:
+            raise ClusterError("probe needs repeats >= 1 and sizes > 0")
         results: list[ProbeResult] = []
         tail: list[str] = []
 
