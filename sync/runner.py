@@ -89,6 +89,9 @@ class SyncStats:
             allreduce sends about ``2 (W - 1) / W`` times this per rank.
         wall_seconds: seconds the runner has been started (summed over start/stop cycles).
         rounds_per_s: ``rounds / wall_seconds``.
+        round_cost: what a round in flight costs a training step, ``t_busy / t_quiet - 1``, as
+            measured by the accepted-slowdown pacer (NaN without ``max_slowdown``).
+        busy_share: the share of training steps a round touched, per that pacer (NaN without).
     """
 
     steps: int
@@ -102,6 +105,8 @@ class SyncStats:
     bytes_reduced: int
     wall_seconds: float
     rounds_per_s: float
+    round_cost: float = math.nan
+    busy_share: float = math.nan
 
 
 @dataclasses.dataclass
@@ -335,7 +340,12 @@ class SyncRunner(abc.ABC):
             bytes_reduced=c.bytes_reduced,
             wall_seconds=wall,
             rounds_per_s=c.rounds / wall if wall > 0 else 0.0,
+            **self._pacing_stats(),
         )
+
+    def _pacing_stats(self) -> dict[str, float]:
+        """Extra telemetry of a paced runner (see :class:`ShadowSyncRunner`)."""
+        return {}
 
     def state_dict(self) -> dict[str, Any]:
         """Strategy state plus the telemetry counters (rank-consistent; see subclasses for when).
@@ -600,6 +610,7 @@ class SlowdownPacer:
         self._quiet: collections.deque[float] = collections.deque(maxlen=window)
         self._busy: collections.deque[float] = collections.deque(maxlen=window)
         self._busy_steps_this_round = 0
+        self._busy_total = self._quiet_total = 0
         self._rounds = 0
         self._lock = threading.Lock()  # observe() and the thread's reads run concurrently
 
@@ -609,14 +620,29 @@ class SlowdownPacer:
             (self._busy if busy else self._quiet).append(seconds)
             if busy:
                 self._busy_steps_this_round += 1
+                self._busy_total += 1
+            else:
+                self._quiet_total += 1
+
+    def round_cost(self) -> float:
+        """``t_busy / t_quiet - 1`` from the recent medians; NaN before both are measured."""
+        with self._lock:
+            if not self._quiet or not self._busy:
+                return math.nan
+            return statistics.median(self._busy) / statistics.median(self._quiet) - 1.0
+
+    def busy_share(self) -> float:
+        """The share of all observed steps that were busy; NaN before any."""
+        with self._lock:
+            total = self._busy_total + self._quiet_total
+            return self._busy_total / total if total else math.nan
 
     def busy_fraction(self) -> float:
         """The largest fraction of busy steps within the budget (1 before any measurement)."""
-        with self._lock:
-            if not self._quiet or not self._busy:
-                return 1.0
-            cost = statistics.median(self._busy) / statistics.median(self._quiet) - 1.0
-        return 1.0 if cost <= self.max_slowdown else self.max_slowdown / cost
+        cost = self.round_cost()
+        if math.isnan(cost) or cost <= self.max_slowdown:
+            return 1.0
+        return self.max_slowdown / cost
 
     def quiet_seconds(self) -> float:
         """Called once per round as it starts (sync thread): this rank's proposal for the pause
@@ -747,6 +773,11 @@ class ShadowSyncRunner(SyncRunner):
     def pacer(self) -> SlowdownPacer | None:
         """The accepted-slowdown pacer, when ``max_slowdown`` was given."""
         return self._pacer
+
+    def _pacing_stats(self) -> dict[str, float]:
+        if self._pacer is None:
+            return {}
+        return {"round_cost": self._pacer.round_cost(), "busy_share": self._pacer.busy_share()}
 
     def start(self) -> None:
         super().start()

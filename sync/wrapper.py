@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from datetime import timedelta
 from typing import Any
 
@@ -323,8 +324,10 @@ class ShadowSyncReplicas(LocalReplicas):
         self._finished = True
 
     def stats(self) -> dict[str, float]:
-        s = self._runner().stats()
-        return {**{k: float(v) for k, v in dataclasses.asdict(s).items()},
+        """The runner's telemetry; a statistic not defined yet (NaN: no sync so far, no
+        accepted-slowdown pacer) is left out rather than reported as a number."""
+        s = dataclasses.asdict(self._runner().stats())
+        return {**{k: float(v) for k, v in s.items() if not math.isnan(v)},
                 "failures": float(self._failures)}
 
     def state_dict(self) -> dict[str, Any]:
