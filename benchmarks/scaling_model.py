@@ -34,6 +34,10 @@ Every number for N > 2 is a prediction. Equations (seconds, bytes; beta in bytes
                                                    snapshot is taken
     examples/s = N * batch / T
 
+``--testbed benchmarks/results/frontier`` instead checks the model against the emulated cluster
+(``cluster.py``, ``frontier.py``): constants fitted on 2 hosts, predictions for 4, written to
+``testbed_fit.md``; its equations are ``TESTBED_DOC`` below.
+
 Not modelled: stragglers, network contention between the two kinds of collectives, and
 compute that changes with N (the per-rank batch is fixed).
 """
@@ -45,6 +49,7 @@ import dataclasses
 import datetime
 import json
 import math
+import re
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
@@ -394,6 +399,494 @@ def colocation_note(preset: Mapping[str, Any], net: Network) -> str:
             f"at N = 2, which cancel it.")
 
 
+# ---------------------------------------------------------------------- testbed
+# The emulated cluster (benchmarks/cluster.py, benchmarks/frontier.py): the same equations with
+# what that testbed is made of. See TESTBED_DOC for the model and predict_testbed for the code.
+TESTBED_DOC = """\
+Testbed mode (``--testbed DIR``): predicts the frontier benchmark's arms on the emulated cluster
+from its ``none`` arm and the link rate, with three constants fitted on the 2-host jobs only, so
+the 4-host error is out of sample. Per (hosts N, link), per rank (seconds, bytes)::
+
+    measured  T0 = N * batch / (none's examples/s)     the step without synchronization
+              w  = none's link bytes per host per step   (embedding all-to-alls)
+              S  = bytes handed to one round's allreduce (sync_bytes_reduced / (rounds + 1))
+    link      beta = min(eta * tbf rate, B_cpu * N_probe / N)     (unlimited: the second term)
+              eta: what gloo gets of a tbf rate and B_cpu the bandwidth of an unlimited link,
+              both from the cluster probe (--link-efficiency, --unlimited-MBps); every host
+              shares the same CPU cores, so an unlimited link is CPU-bound and its share of
+              those cores shrinks as 1/N
+              A  = 2 (N-1)/N * S / beta                  ring allreduce; links add no delay
+              X  = w / beta                              all-to-all time inside T0
+              Tc = T0 - X                                compute inside T0
+    fitted    rho, delta, kappa (2-host jobs): the cores are shared by every host, so CPU work
+              is counted in compute steps Tc, which stretch with N just as that work does
+              r = rho Tc                                 one round's CPU work (copies, gloo's
+                                                         reduction, strategy math, apply)
+    ddp       T = T0 + delta Tc + A                      no overlap with backward (worst case)
+    FR-k      T = T0 + m/steps * (r + A)                 m = floor((steps-1)/k) + 1 rounds
+              gap = (1 + (m-1) k) / m                    rounds after steps 1, k+1, 2k+1, ...
+    shadow    R = r + A (1 + X/T0)                       a round's duration: the allreduce
+                                                         shares the link with the all-to-alls
+              C = kappa r + X A / T0                     what one round costs training: kappa
+                                                         of its CPU work, and the all-to-alls
+                                                         slowed while they share the link
+              back to back: T = T0 + C / g, g = max(1, R/T + 1/2)   (solved together; a
+                            delta waits for the next step boundary, half a step on average)
+              max_slowdown s: the pacer keeps rounds back to back while C / (g T0) <= s, else
+                            T = T0 (1 + s), g = C / (s T0)   (busy steps n_b a round, each
+                            costing c_b = C / (n_b T0), a busy share f = s / c_b of the
+                            steps: n_b / f steps between rounds)
+    ratio = T0 / T                                       (none's ratio is 1 by construction)
+
+Also shown for shadow: the ratio the cost model gives at the *measured* gap, T0 / (T0 + C/g),
+which separates the cost model's error from the pacer's choice of gap.
+"""
+
+# The cluster probe (2 hosts, 8 MB gloo allreduce): 119 of 125 MB/s at 1gbit, 23.5 of 25 MB/s
+# at 200mbit, and 0.5-0.9 GB/s on unlimited links (CPU-bound).
+TESTBED_LINK_EFFICIENCY = 0.95
+TESTBED_UNLIMITED_MBPS = 600.0
+TESTBED_PROBE_HOSTS = 2
+TESTBED_FAMILIES = ("ddp", "FR", "shadow")
+_LINK_RATE = re.compile(r"^(\d+(?:\.\d+)?)(kbit|mbit|gbit)$")
+_LINK_UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+
+
+def link_rate_Bps(link: str) -> float | None:
+    """The tbf rate a frontier link name stands for, bytes/s; None for ``unlimited``."""
+    if link == "unlimited":
+        return None
+    m = _LINK_RATE.match(link)
+    if m is None:
+        raise ValueError(f"link {link!r}: expected unlimited or e.g. 200mbit, 1gbit")
+    return float(m.group(1)) * _LINK_UNITS[m.group(2)] / 8
+
+
+@dataclasses.dataclass(frozen=True)
+class TestbedLinks:
+    """How the emulated links are described to the model (see TESTBED_DOC): both numbers come
+    from the cluster probe, not from the frontier runs the model is checked against."""
+
+    efficiency: float = TESTBED_LINK_EFFICIENCY
+    unlimited_Bps: float = TESTBED_UNLIMITED_MBPS * 1e6
+    probe_hosts: int = TESTBED_PROBE_HOSTS
+
+    def bandwidth_Bps(self, link: str, hosts: int) -> float:
+        """Per-host bandwidth: the tbf rate as gloo gets it, capped by the CPU's share."""
+        cpu = self.unlimited_Bps * self.probe_hosts / hosts
+        rate = link_rate_Bps(link)
+        return cpu if rate is None else min(self.efficiency * rate, cpu)
+
+
+@dataclasses.dataclass(frozen=True)
+class TestbedArm:
+    """A frontier arm, from its ``bench_sync`` name (``frontier.default_arms``)."""
+
+    name: str
+    kind: Literal["none", "ddp", "fixed_rate", "shadow"]
+    period: int | None = None
+    max_slowdown: float | None = None  # shadow: None runs rounds back to back
+
+    @property
+    def family(self) -> str:
+        return {"fixed_rate": "FR", "shadow": "shadow"}.get(self.kind, self.kind)
+
+
+_FR_NAME = re.compile(r"^FR k=(\d+)$")
+_SHADOW_NAME = re.compile(r"^S (\d+(?:\.\d+)?)%$")
+
+
+def parse_testbed_arm(name: str) -> TestbedArm:
+    """``none``, ``ddp``, ``FR k=<k>``, ``S back to back`` or ``S <p>%``; ValueError otherwise,
+    so an arm the model does not know is never silently left out of the error."""
+    if name == "none":
+        return TestbedArm(name, "none")
+    if name == "ddp":
+        return TestbedArm(name, "ddp")
+    if name == "S back to back":
+        return TestbedArm(name, "shadow")
+    if m := _FR_NAME.match(name):
+        return TestbedArm(name, "fixed_rate", period=int(m.group(1)))
+    if m := _SHADOW_NAME.match(name):
+        return TestbedArm(name, "shadow", max_slowdown=float(m.group(1)) / 100)
+    raise ValueError(f"arm {name!r}: not a frontier arm (none, ddp, FR k=<k>, S back to back, "
+                     "S <p>%)")
+
+
+def _nanmean(values: Sequence[float]) -> float:
+    kept = [v for v in values if not math.isnan(v)]
+    return sum(kept) / len(kept) if kept else math.nan
+
+
+def _median(values: Sequence[float]) -> float:
+    s = sorted(values)
+    mid = len(s) // 2
+    return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
+
+
+@dataclasses.dataclass(frozen=True)
+class TestbedMeasured:
+    """One arm of one frontier job, reduced the way ``frontier.summarize`` reduces it (ratio: the
+    median over repeats of examples/s over the same repeat's ``none``; gap: the runs' mean), plus
+    the telemetry the model reads or is checked against (NaN where the arm has none)."""
+
+    runs: int
+    examples_per_s: float
+    ratio: float
+    ratio_min: float
+    ratio_max: float
+    gap: float
+    steps: int
+    round_bytes: float
+    comm_per_round_s: float
+    wire_bytes_per_step: float
+    busy_share: float
+    round_cost: float
+
+
+def measure_testbed(rows: Sequence[Mapping[str, Any]], hosts: int
+                    ) -> dict[str, TestbedMeasured]:
+    """Per arm name, the measured point; rows are one ``raw/h<N>_<link>.json``. A round's
+    allreduce count is ``rounds + 1``: the final consensus is one more (of the same bytes when
+    the wire dtype is float32, the frontier's default)."""
+    base = {(r["seed"], r["repeat"]): float(r["examples_per_s"]) for r in rows
+            if r["arm"] == "none"}
+    if not base:
+        raise ValueError("no 'none' run: every ratio is to none of the same repeat")
+    out = {}
+    for arm in dict.fromkeys(r["arm"] for r in rows):
+        mine = [r for r in rows if r["arm"] == arm]
+        ratios = [float(r["examples_per_s"]) / base[(r["seed"], r["repeat"])] for r in mine]
+        allreduces = [r["sync_rounds"] + 1 for r in mine if "sync_rounds" in r]
+        synced = [r for r in mine if "sync_rounds" in r]
+        out[arm] = TestbedMeasured(
+            runs=len(mine),
+            examples_per_s=_median([float(r["examples_per_s"]) for r in mine]),
+            ratio=_median(ratios), ratio_min=min(ratios), ratio_max=max(ratios),
+            gap=_nanmean([float(r.get("sync_sync_gap_mean", math.nan)) for r in mine]),
+            steps=int(_median([int(r["step"]) for r in mine])),
+            round_bytes=_nanmean([r["sync_bytes_reduced"] / n
+                                  for r, n in zip(synced, allreduces, strict=True)]),
+            comm_per_round_s=_nanmean([r["sync_comm_seconds"] / n
+                                       for r, n in zip(synced, allreduces, strict=True)]),
+            wire_bytes_per_step=_nanmean([float(r.get("wire_bytes", math.nan))
+                                          / (hosts * int(r["step"])) for r in mine]),
+            busy_share=_nanmean([float(r.get("sync_busy_share", math.nan)) for r in mine]),
+            round_cost=_nanmean([float(r.get("sync_round_cost", math.nan)) for r in mine]),
+        )
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class TestbedJob:
+    """What the model takes from one (hosts, link) job's measurement, and the bandwidth it is
+    told; everything else about the job's arms is predicted."""
+
+    hosts: int
+    link: str
+    steps: int
+    step_s: float  # T0
+    bandwidth_Bps: float  # beta
+    round_bytes: float  # S
+    a2a_s: float  # X
+
+    @property
+    def compute_s(self) -> float:
+        """Tc: the part of the step that is CPU work (and stretches as the cores are shared)."""
+        return max(self.step_s - self.a2a_s, 0.0)
+
+    @property
+    def allreduce_s(self) -> float:
+        """A: one ring allreduce of S on links that add no delay."""
+        return allreduce_s(self.round_bytes, self.hosts, Network(0.0, self.bandwidth_Bps))
+
+
+def testbed_job(hosts: int, link: str, measured_arms: Mapping[str, TestbedMeasured],
+                batch_size: int, links: TestbedLinks) -> TestbedJob:
+    """The job's inputs: T0 and w from ``none``, S from any arm that synchronized."""
+    none = measured_arms["none"]
+    beta = links.bandwidth_Bps(link, hosts)
+    sizes = [m.round_bytes for m in measured_arms.values() if not math.isnan(m.round_bytes)]
+    if not sizes:
+        raise ValueError(f"{hosts} hosts, {link}: no arm synchronized, so no round size")
+    wire = 0.0 if math.isnan(none.wire_bytes_per_step) else none.wire_bytes_per_step
+    return TestbedJob(hosts=hosts, link=link, steps=none.steps,
+                      step_s=hosts * batch_size / none.examples_per_s, bandwidth_Bps=beta,
+                      round_bytes=_median(sizes), a2a_s=wire / beta)
+
+
+@dataclasses.dataclass(frozen=True)
+class TestbedConstants:
+    """The fitted constants (see TESTBED_DOC), in compute steps so they carry across host
+    counts on shared cores; ``kappa`` is the share of a shadow round's CPU work that training
+    pays (0: a core to spare; 1: all of it)."""
+
+    rho: float
+    delta: float
+    kappa: float
+
+
+@dataclasses.dataclass(frozen=True)
+class TestbedPrediction:
+    ratio: float
+    gap: float  # NaN for none and ddp
+    step_s: float
+    round_cost_s: float  # what one round costs training (FR: r + A; shadow: C); NaN otherwise
+
+    def ratio_at_gap(self, job: TestbedJob, gap: float) -> float:
+        """The ratio the cost model gives if rounds came every ``gap`` steps."""
+        if math.isnan(self.round_cost_s) or not gap > 0:
+            return math.nan
+        return job.step_s / (job.step_s + self.round_cost_s / gap)
+
+
+def fr_rounds(steps: int, period: int) -> int:
+    """Rounds of a fixed-rate run: after steps 1, k+1, 2k+1, ... (``FixedRateSyncRunner``)."""
+    return (steps - 1) // period + 1
+
+
+def shadow_gap(duration: float, step: float) -> float:
+    """Mean steps between applied deltas when rounds of ``duration`` s go back to back.
+
+    A delta waits for the next step boundary after its round ends, and the next round starts
+    there. Step and round times jitter (shared cores), so a round ends at a uniformly random
+    phase of a step and waits half a step on average: ``R/T + 1/2``, at least one step (one
+    round per boundary at most).
+    """
+    return max(1.0, duration / step + 0.5)
+
+
+def _back_to_back(t0: float, cost: float, duration: float) -> tuple[float, float]:
+    """(T, g) solving T = T0 + C / g with g = shadow_gap(R, T), by bisection on [T0, T0 + C].
+
+    ``T - T0 - C/g(T)`` grows with T when C <= R (its slope is ``1 - C R / (T g)^2`` and
+    ``T g > R``), so the root is unique; C <= R holds for kappa <= 1 (a round cannot cost
+    training more than it lasts).
+    """
+    if cost <= 0:
+        return t0, shadow_gap(duration, t0)
+    lo, hi = t0, t0 + cost
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        if mid - t0 - cost / shadow_gap(duration, mid) < 0:
+            lo = mid
+        else:
+            hi = mid
+    step = (lo + hi) / 2
+    return step, shadow_gap(duration, step)
+
+
+def predict_testbed(arm: TestbedArm, job: TestbedJob, k: TestbedConstants) -> TestbedPrediction:
+    """The model's ratio to ``none`` and sync gap of ``arm`` in ``job`` (TESTBED_DOC)."""
+    t0, a = job.step_s, job.allreduce_s
+    r = k.rho * job.compute_s
+    if arm.kind == "none":
+        return TestbedPrediction(1.0, math.nan, t0, math.nan)
+    if arm.kind == "ddp":
+        step = t0 + k.delta * job.compute_s + a
+        return TestbedPrediction(t0 / step, math.nan, step, math.nan)
+    if arm.kind == "fixed_rate":
+        assert arm.period is not None
+        m = fr_rounds(job.steps, arm.period)
+        step = t0 + m / job.steps * (r + a)
+        return TestbedPrediction(t0 / step, (1 + (m - 1) * arm.period) / m, step, r + a)
+    x = job.a2a_s
+    duration = r + a * (1 + x / t0)
+    cost = k.kappa * r + x * a / t0
+    step, gap = _back_to_back(t0, cost, duration)
+    s = arm.max_slowdown
+    if s is not None and cost / (gap * t0) > s:
+        step, gap = t0 * (1 + s), cost / (s * t0)
+    return TestbedPrediction(t0 / step, gap, step, cost)
+
+
+def load_testbed(directory: Path) -> dict[tuple[int, str], list[dict[str, Any]]]:
+    """Every ``raw/h<N>_<link>.json`` under a frontier output directory (or the raw one)."""
+    raw = directory / "raw" if (directory / "raw").is_dir() else directory
+    jobs = {}
+    for path in sorted(raw.glob("h*_*.json")):
+        hosts, link = path.stem.split("_", 1)
+        jobs[int(hosts[1:]), link] = json.loads(path.read_text())
+    return jobs
+
+
+def _weighted_ls(a: Sequence[float], b: Sequence[float]) -> float:
+    """The x >= 0 minimizing sum (a_i + b_i x)^2 (0 with no points)."""
+    den = sum(v * v for v in b)
+    return max(0.0, -sum(u * v for u, v in zip(a, b, strict=True)) / den) if den else 0.0
+
+
+Fitted = list[tuple[TestbedArm, TestbedJob, TestbedMeasured]]
+
+
+def fit_testbed(points: Fitted) -> TestbedConstants:
+    """rho from the FR arms, delta from ddp (both closed-form least squares on the relative error
+    of the step time, which is linear in them), then kappa from the shadow arms' ratios (a
+    bounded 1-D search: the shadow step is not linear in it). Pass the 2-host points only."""
+    a_fr, b_fr, a_ddp, b_ddp = [], [], [], []
+    for arm, job, m in points:
+        measured_step = job.step_s / m.ratio
+        if arm.kind == "fixed_rate":
+            assert arm.period is not None
+            q = fr_rounds(job.steps, arm.period) / job.steps
+            a_fr.append((job.step_s + q * job.allreduce_s - measured_step) / measured_step)
+            b_fr.append(q * job.compute_s / measured_step)
+        elif arm.kind == "ddp":
+            a_ddp.append((job.step_s + job.allreduce_s - measured_step) / measured_step)
+            b_ddp.append(job.compute_s / measured_step)
+    rho, delta = _weighted_ls(a_fr, b_fr), _weighted_ls(a_ddp, b_ddp)
+    shadow = [(arm, job, m) for arm, job, m in points if arm.kind == "shadow"]
+
+    def loss(kappa: float) -> float:
+        k = TestbedConstants(rho, delta, kappa)
+        return sum((predict_testbed(arm, job, k).ratio - m.ratio) ** 2
+                   for arm, job, m in shadow)
+
+    grid = [i / 200 for i in range(201)]  # kappa in [0, 1]: a share
+    best = min(grid, key=loss) if shadow else 0.0
+    lo, hi = max(0.0, best - 0.005), min(1.0, best + 0.005)
+    for _ in range(60):  # golden-section refinement around the best grid point
+        m1, m2 = lo + (hi - lo) * 0.382, lo + (hi - lo) * 0.618
+        lo, hi = (lo, m2) if loss(m1) <= loss(m2) else (m1, hi)
+    return TestbedConstants(rho, delta, (lo + hi) / 2 if shadow else 0.0)
+
+
+def _rel(predicted: float, measured: float) -> float:
+    return predicted / measured - 1 if measured and not math.isnan(measured) else math.nan
+
+
+def testbed_rows(jobs: Mapping[tuple[int, str], Sequence[Mapping[str, Any]]], fit_hosts: int,
+                 batch_size: int, links: TestbedLinks
+                 ) -> tuple[TestbedConstants, list[dict[str, Any]]]:
+    """Fit on the ``fit_hosts`` jobs, predict every job: one row per (job, arm) but ``none``."""
+    prepared = []
+    for (hosts, link), rows in sorted(jobs.items()):
+        measured_arms = measure_testbed(rows, hosts)
+        job = testbed_job(hosts, link, measured_arms, batch_size, links)
+        for name, m in measured_arms.items():
+            arm = parse_testbed_arm(name)
+            if arm.kind != "none":
+                prepared.append((arm, job, m))
+    fit_points = [p for p in prepared if p[1].hosts == fit_hosts]
+    if not fit_points:
+        raise ValueError(f"no {fit_hosts}-host job to fit the constants on")
+    k = fit_testbed(fit_points)
+    out = []
+    for arm, job, m in prepared:
+        p = predict_testbed(arm, job, k)
+        out.append({
+            "hosts": job.hosts, "link": job.link, "arm": arm.name, "family": arm.family,
+            "role": "fit" if job.hosts == fit_hosts else "out of sample",
+            "ratio_measured": m.ratio, "ratio_min": m.ratio_min, "ratio_max": m.ratio_max,
+            "ratio_predicted": p.ratio, "ratio_error": _rel(p.ratio, m.ratio),
+            "gap_measured": m.gap, "gap_predicted": p.gap, "gap_error": _rel(p.gap, m.gap),
+            "ratio_at_measured_gap": (p.ratio_at_gap(job, m.gap) if arm.kind == "shadow"
+                                      else math.nan),
+            "allreduce_measured_s": m.comm_per_round_s, "allreduce_predicted_s": job.allreduce_s,
+            "runs": m.runs,
+        })
+    return k, out
+
+
+def testbed_summary(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Median and max |relative error| of ratio and gap, per role and arm family."""
+    out = []
+    for role in ("fit", "out of sample"):
+        for family in TESTBED_FAMILIES:
+            mine = [r for r in rows if r["role"] == role and r["family"] == family]
+            if not mine:
+                continue
+            entry: dict[str, Any] = {"role": role, "family": family, "points": len(mine)}
+            for what in ("ratio", "gap"):
+                errors = [abs(r[f"{what}_error"]) for r in mine
+                          if not math.isnan(r[f"{what}_error"])]
+                entry[f"{what}_median"] = _median(errors) if errors else math.nan
+                entry[f"{what}_max"] = max(errors) if errors else math.nan
+            out.append(entry)
+    return out
+
+
+def _pct(x: float) -> str:
+    return "-" if math.isnan(x) else f"{x:+.1%}"
+
+
+def _abs_pct(x: float) -> str:
+    return "-" if math.isnan(x) else f"{x:.1%}"
+
+
+def _num(x: float, digits: int = 3) -> str:
+    return "-" if math.isnan(x) else f"{x:.{digits}f}"
+
+
+def testbed_report(jobs: Mapping[tuple[int, str], Sequence[Mapping[str, Any]]],
+                   directory: Path, fit_hosts: int, batch_size: int, links: TestbedLinks,
+                   command: str) -> str:
+    """``testbed_fit.md``: inputs, fitted constants, predicted vs measured per point, summary."""
+    k, rows = testbed_rows(jobs, fit_hosts, batch_size, links)
+    files = ", ".join(f"`h{h}_{link}.json` ({len(r)} runs)"
+                      for (h, link), r in sorted(jobs.items()))
+    parts = [
+        "# Scaling model against the emulated cluster (frontier testbed)", "",
+        f"Generated {datetime.date.today().isoformat()} by `{command}` from {directory}/raw: "
+        f"{files}.", "",
+        f"Constants fitted on the {fit_hosts}-host jobs only; every other row is a prediction "
+        "out of sample. Measured inputs per job: `none`'s examples/s (T0), its bytes on the "
+        "link (the all-to-alls), the bytes of one round (S). Given: the link's tbf rate at "
+        f"{links.efficiency:g} efficiency, unlimited = {links.unlimited_Bps / 1e6:g} MB/s per "
+        f"host at {links.probe_hosts} hosts (the cluster probe), batch {batch_size} per rank. "
+        "Predicted: every other arm's ratio to `none` and sync gap. The pacer's measured "
+        "round cost and busy share are not inputs.", "",
+        "```", TESTBED_DOC.rstrip(), "```", "",
+        "| constant | value | fitted on |", "|---|---:|---|",
+        f"| rho, one round's CPU work in compute steps | {k.rho:.3f} | FR arms |",
+        f"| delta, DDP's own cost in compute steps | {k.delta:.3f} | ddp |",
+        f"| kappa, share of a shadow round's CPU work training pays | {k.kappa:.3f} | "
+        "shadow arms' ratios |", "",
+        "## Summary: |relative error| per arm family", "",
+        "| role | family | points | ratio: median | ratio: max | gap: median | gap: max |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for s in testbed_summary(rows):
+        parts.append(f"| {s['role']} | {s['family']} | {s['points']} | "
+                     f"{_abs_pct(s['ratio_median'])} | {_abs_pct(s['ratio_max'])} | "
+                     f"{_abs_pct(s['gap_median'])} | {_abs_pct(s['gap_max'])} |")
+    parts += ["", "FR gaps follow from k and the step count, so their error is ~0 by "
+              "construction; the shadow gaps are the model's.", ""]
+    for (hosts, link) in sorted({(r["hosts"], r["link"]) for r in rows},
+                                key=lambda hl: (hl[0], -(link_rate_Bps(hl[1]) or math.inf))):
+        mine = [r for r in rows if (r["hosts"], r["link"]) == (hosts, link)]
+        job_rows = [f"## {hosts} hosts, {link} ({mine[0]['role']})", "",
+                    "| arm | ratio measured [min, max] | predicted | error | gap measured | "
+                    "predicted | error | ratio at measured gap | allreduce s measured / "
+                    "predicted |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in mine:
+            job_rows.append(
+                f"| {r['arm']} | {r['ratio_measured']:.3f} [{r['ratio_min']:.3f}, "
+                f"{r['ratio_max']:.3f}] | {r['ratio_predicted']:.3f} | "
+                f"{_pct(r['ratio_error'])} | {_num(r['gap_measured'], 2)} | "
+                f"{_num(r['gap_predicted'], 2)} | {_pct(r['gap_error'])} | "
+                f"{_num(r['ratio_at_measured_gap'])} | {_num(r['allreduce_measured_s'])} / "
+                f"{r['allreduce_predicted_s']:.3f} |")
+        parts += [*job_rows, ""]
+    return "\n".join(parts)
+
+
+def testbed_main(args: argparse.Namespace) -> int:
+    """``--testbed``: write ``testbed_fit.md`` into ``--out``."""
+    jobs = load_testbed(args.testbed)
+    if not jobs:
+        print(f"error: no raw/h<N>_<link>.json under {args.testbed}", file=sys.stderr)
+        return 2
+    links = TestbedLinks(args.link_efficiency, args.unlimited_MBps * 1e6)
+    text = testbed_report(jobs, args.testbed, args.fit_hosts, args.batch_size, links,
+                          "python " + shlex.join(sys.argv))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "testbed_fit.md").write_text(text + "\n")
+    print(text)
+    print(f"\nwrote {args.out / 'testbed_fit.md'}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calibration", type=Path, default=RESULTS / "calibration.json")
@@ -411,7 +904,22 @@ def main() -> int:
     parser.add_argument("--dense-mb", type=float,
                         help="what-if: a dense part of this many MiB instead of the measured one")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    testbed = parser.add_argument_group(
+        "testbed", "predict the frontier benchmark's arms on the emulated cluster instead "
+        "(writes testbed_fit.md; see TESTBED_DOC in this file)")
+    testbed.add_argument("--testbed", type=Path, metavar="DIR",
+                         help="frontier.py's --out directory (its raw/h<N>_<link>.json)")
+    testbed.add_argument("--fit-hosts", type=int, default=2,
+                         help="fit the constants on these jobs; the others are out of sample")
+    testbed.add_argument("--batch-size", type=int, default=512, help="per rank")
+    testbed.add_argument("--link-efficiency", type=float, default=TESTBED_LINK_EFFICIENCY,
+                         help="share of a tbf rate a gloo allreduce gets (cluster probe)")
+    testbed.add_argument("--unlimited-MBps", type=float, default=TESTBED_UNLIMITED_MBPS,
+                         help=f"gloo bandwidth of an unlimited link at {TESTBED_PROBE_HOSTS} "
+                              "hosts, MB/s (cluster probe)")
     args = parser.parse_args()
+    if args.testbed is not None:
+        return testbed_main(args)
     calibration = json.loads(args.calibration.read_text())
     nets = [Network.of(g, args.latency_us, args.allreduce) for g in args.bandwidth_gbps]
     preset = calibration["presets"][args.preset]

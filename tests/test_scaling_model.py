@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import math
 import sys
 from pathlib import Path
@@ -166,3 +167,206 @@ def test_with_dense_bytes_scales_the_round() -> None:
     assert big.dense_bytes == 1e8
     assert big.round_local_s == pytest.approx({"ma": 1e-2, "easgd": 2e-2, "bmuf": 3e-2})
     assert big.step_s == K.step_s and big.contention == K.contention
+
+
+# ------------------------------------------------------------------ testbed mode (frontier jobs)
+LINKS = sm.TestbedLinks(efficiency=0.95, unlimited_Bps=6e8, probe_hosts=2)
+TB_ARMS = ["none", "ddp", "FR k=1", "FR k=2", "FR k=10", "FR k=50", "S back to back", "S 20%",
+           "S 5%", "S 2%"]
+
+
+def _job(t0: float = 0.1, hosts: int = 2, link: str = "1gbit", w: float = 1e6,
+         s: float = 1e7, steps: int = 100) -> sm.TestbedJob:
+    beta = LINKS.bandwidth_Bps(link, hosts)
+    return sm.TestbedJob(hosts=hosts, link=link, steps=steps, step_s=t0, bandwidth_Bps=beta,
+                         round_bytes=s, a2a_s=w / beta)
+
+
+def _rows(job: sm.TestbedJob, k: sm.TestbedConstants, arms: list[str] = TB_ARMS,
+          batch: int = 512, none_by_repeat: tuple[float, ...] = (1.0,)) -> list[dict]:
+    """bench_sync rows whose arms run exactly as the model predicts; ``none_by_repeat`` scales
+    each repeat's speed (the same factor for every arm of a repeat, as a slow repeat does)."""
+    rows = []
+    for rep, speed in enumerate(none_by_repeat):
+        for name in arms:
+            arm = sm.parse_testbed_arm(name)
+            p = sm.predict_testbed(arm, job, k)
+            rate = job.hosts * batch / p.step_s * speed
+            row = {"arm": name, "seed": 0, "repeat": rep, "step": job.steps,
+                   "examples_per_s": rate, "train_seconds": job.steps * p.step_s}
+            if name == "none":
+                row["wire_bytes"] = job.a2a_s * job.bandwidth_Bps * job.hosts * job.steps
+            if arm.kind in ("fixed_rate", "shadow"):
+                rounds = job.steps / p.gap
+                row.update(sync_rounds=rounds, sync_sync_gap_mean=p.gap,
+                           sync_bytes_reduced=job.round_bytes * (rounds + 1),
+                           sync_comm_seconds=job.allreduce_s * (rounds + 1))
+            rows.append(row)
+    return rows
+
+
+def test_link_rates_and_bandwidth() -> None:
+    assert sm.link_rate_Bps("1gbit") == pytest.approx(1.25e8)
+    assert sm.link_rate_Bps("200mbit") == pytest.approx(2.5e7)
+    assert sm.link_rate_Bps("unlimited") is None
+    with pytest.raises(ValueError, match="link"):
+        sm.link_rate_Bps("fast")
+    assert LINKS.bandwidth_Bps("1gbit", 2) == pytest.approx(0.95 * 1.25e8)
+    assert LINKS.bandwidth_Bps("1gbit", 4) == pytest.approx(0.95 * 1.25e8)  # below the CPU cap
+    assert LINKS.bandwidth_Bps("unlimited", 2) == pytest.approx(6e8)
+    assert LINKS.bandwidth_Bps("unlimited", 4) == pytest.approx(3e8)  # the cores are shared
+    assert LINKS.bandwidth_Bps("10gbit", 2) == pytest.approx(6e8)  # tbf above what CPUs move
+
+
+def test_parse_testbed_arm() -> None:
+    assert sm.parse_testbed_arm("FR k=20") == sm.TestbedArm("FR k=20", "fixed_rate", period=20)
+    assert sm.parse_testbed_arm("S 5%").max_slowdown == pytest.approx(0.05)
+    back = sm.parse_testbed_arm("S back to back")
+    assert back.kind == "shadow" and back.max_slowdown is None and back.family == "shadow"
+    assert sm.parse_testbed_arm("ddp").family == "ddp"
+    assert sm.parse_testbed_arm("FR k=1").family == "FR"
+    with pytest.raises(ValueError, match="not a frontier arm"):
+        sm.parse_testbed_arm("shadow ma")
+
+
+def test_measure_pairs_each_run_with_its_repeats_none() -> None:
+    rows = [
+        {"arm": "none", "seed": 0, "repeat": 0, "step": 100, "examples_per_s": 1000.0,
+         "wire_bytes": 8e8},
+        {"arm": "none", "seed": 0, "repeat": 1, "step": 100, "examples_per_s": 2000.0,
+         "wire_bytes": 8e8},
+        {"arm": "S 5%", "seed": 0, "repeat": 0, "step": 100, "examples_per_s": 900.0,
+         "sync_rounds": 9, "sync_bytes_reduced": 1e8, "sync_comm_seconds": 2.0,
+         "sync_sync_gap_mean": 10.0, "sync_busy_share": 0.2, "sync_round_cost": 0.25},
+        {"arm": "S 5%", "seed": 0, "repeat": 1, "step": 100, "examples_per_s": 1700.0,
+         "sync_rounds": 19, "sync_bytes_reduced": 2e8, "sync_comm_seconds": 3.0,
+         "sync_sync_gap_mean": 5.0, "sync_round_cost": math.nan},
+    ]
+    m = sm.measure_testbed(rows, hosts=4)
+    # paired: 900/1000 and 1700/2000; unpaired medians would give 1300/1500
+    assert m["S 5%"].ratio == pytest.approx((0.9 + 0.85) / 2)
+    assert (m["S 5%"].ratio_min, m["S 5%"].ratio_max) == pytest.approx((0.85, 0.9))
+    assert m["S 5%"].gap == pytest.approx(7.5)
+    assert m["S 5%"].round_bytes == pytest.approx(1e7)  # the consensus is one more allreduce
+    assert m["S 5%"].comm_per_round_s == pytest.approx((0.2 + 0.15) / 2)
+    assert m["S 5%"].busy_share == pytest.approx(0.2)  # a missing key is left out
+    assert m["S 5%"].round_cost == pytest.approx(0.25)  # so is NaN
+    assert m["none"].wire_bytes_per_step == pytest.approx(8e8 / (4 * 100))
+    assert math.isnan(m["none"].gap) and math.isnan(m["none"].round_bytes)
+    with pytest.raises(ValueError, match="none"):
+        sm.measure_testbed(rows[2:], hosts=4)
+
+
+def test_fixed_rate_rounds_and_gap_follow_the_runner_schedule() -> None:
+    assert [sm.fr_rounds(100, k) for k in (1, 2, 3, 10, 50, 200)] == [100, 50, 34, 10, 2, 1]
+    k = sm.TestbedConstants(rho=0.0, delta=0.0, kappa=0.0)
+    gaps = {p: sm.predict_testbed(sm.parse_testbed_arm(f"FR k={p}"), _job(), k).gap
+            for p in (1, 2, 10)}
+    assert gaps == pytest.approx({1: 1.0, 2: 1.98, 10: 9.1})  # the first round after step 1
+
+
+def test_predict_testbed_on_hand_numbers() -> None:
+    # T0 = 0.1 s, beta = 1e8 B/s, S = 1e7 B, w = 1e6 B: A = 0.1 s, X = 0.01 s, Tc = 0.09 s
+    job = sm.TestbedJob(hosts=2, link="x", steps=100, step_s=0.1, bandwidth_Bps=1e8,
+                        round_bytes=1e7, a2a_s=0.01)
+    assert job.allreduce_s == pytest.approx(0.1) and job.compute_s == pytest.approx(0.09)
+    k = sm.TestbedConstants(rho=0.5, delta=0.1, kappa=0.5)  # r = 0.045 s
+
+    def arm(name: str) -> sm.TestbedPrediction:
+        return sm.predict_testbed(sm.parse_testbed_arm(name), job, k)
+
+    assert arm("none").ratio == 1.0
+    assert arm("ddp").step_s == pytest.approx(0.1 + 0.009 + 0.1)
+    assert arm("FR k=10").step_s == pytest.approx(0.1 + 10 / 100 * (0.045 + 0.1))
+    assert arm("FR k=10").ratio == pytest.approx(0.1 / 0.1145)
+    # shadow: R = 0.045 + 0.1 * 1.1 = 0.155, C = 0.0225 + 0.01 = 0.0325; with g = R/T + 1/2,
+    # T = T0 + C/g is 0.5 T^2 + (R - T0/2 - C) T - T0 R = 0
+    b, c = 0.155 - 0.05 - 0.0325, -0.1 * 0.155
+    t = (-b + math.sqrt(b * b - 4 * 0.5 * c)) / (2 * 0.5)
+    back = arm("S back to back")
+    assert back.step_s == pytest.approx(t, rel=1e-9)
+    assert back.gap == pytest.approx(0.155 / t + 0.5, rel=1e-9)
+    assert back.round_cost_s == pytest.approx(0.0325)
+    slowdown = 0.0325 / (back.gap * 0.1)  # ~0.18: within a 20% budget, over a 5% one
+    assert 0.05 < slowdown < 0.2
+    assert arm("S 20%") == back
+    paced = arm("S 5%")
+    assert paced.ratio == pytest.approx(1 / 1.05)
+    assert paced.gap == pytest.approx(0.0325 / (0.05 * 0.1))
+    assert back.ratio_at_gap(job, 6.5) == pytest.approx(0.1 / (0.1 + 0.0325 / 6.5))
+    assert math.isnan(arm("ddp").ratio_at_gap(job, 3.0))
+
+
+def test_back_to_back_solves_its_equation_everywhere() -> None:
+    for t0 in (0.01, 0.1):
+        for cost_share in (0.0, 0.3, 1.0):
+            for duration in (0.001, 0.05, 0.1, 0.5, 3.0):
+                cost = cost_share * duration
+                step, gap = sm._back_to_back(t0, cost, duration)
+                assert gap >= 1
+                assert gap == pytest.approx(sm.shadow_gap(duration, step), rel=1e-9)
+                assert step == pytest.approx(t0 + cost / gap, rel=1e-9)
+
+
+def test_fit_recovers_the_constants_and_predicts_other_host_counts() -> None:
+    true = sm.TestbedConstants(rho=0.4, delta=0.15, kappa=0.6)
+    jobs = {}
+    for hosts, t0 in ((2, 0.08), (4, 0.16)):  # 4 hosts on the same cores: twice the step
+        for link, w in (("unlimited", 7e5), ("1gbit", 7e5), ("200mbit", 7e5)):
+            job = _job(t0=t0, hosts=hosts, link=link, w=w, s=8e6)
+            jobs[hosts, link] = _rows(job, true, none_by_repeat=(1.0, 0.9, 1.1))
+    k, rows = sm.testbed_rows(jobs, fit_hosts=2, batch_size=512, links=LINKS)
+    assert (k.rho, k.delta, k.kappa) == pytest.approx((0.4, 0.15, 0.6), abs=1e-3)
+    assert {r["role"] for r in rows if r["hosts"] == 4} == {"out of sample"}
+    assert {r["role"] for r in rows if r["hosts"] == 2} == {"fit"}
+    assert "none" not in {r["arm"] for r in rows}
+    for r in rows:
+        assert r["ratio_error"] == pytest.approx(0.0, abs=1e-4), r
+        if r["family"] != "ddp":
+            assert r["gap_error"] == pytest.approx(0.0, abs=1e-4), r
+    summary = sm.testbed_summary(rows)
+    assert [(s["role"], s["family"]) for s in summary] == [
+        (role, f) for role in ("fit", "out of sample") for f in sm.TESTBED_FAMILIES]
+    assert all(s["ratio_max"] < 1e-4 for s in summary)
+
+
+def test_testbed_summary_reports_absolute_errors() -> None:
+    def row(family: str, ratio_error: float, gap_error: float) -> dict:
+        return {"role": "out of sample", "family": family, "ratio_error": ratio_error,
+                "gap_error": gap_error}
+
+    summary = sm.testbed_summary([row("FR", -0.3, 0.0), row("FR", 0.1, 0.0),
+                                  row("FR", 0.2, math.nan), row("ddp", 0.05, math.nan)])
+    fr = next(s for s in summary if s["family"] == "FR")
+    assert fr["points"] == 3
+    assert (fr["ratio_median"], fr["ratio_max"]) == pytest.approx((0.2, 0.3))
+    assert (fr["gap_median"], fr["gap_max"]) == (0.0, 0.0)
+    ddp = next(s for s in summary if s["family"] == "ddp")
+    assert math.isnan(ddp["gap_median"])
+
+
+def test_a_slower_model_is_seen_as_error() -> None:
+    """Measured runs slower than the model: the errors say so, out of sample too."""
+    true = sm.TestbedConstants(rho=0.4, delta=0.15, kappa=0.6)
+    slow = sm.TestbedConstants(rho=0.8, delta=0.15, kappa=0.6)
+    jobs = {(2, "1gbit"): _rows(_job(hosts=2), true),
+            (4, "1gbit"): _rows(_job(hosts=4, t0=0.2), slow)}
+    _, rows = sm.testbed_rows(jobs, fit_hosts=2, batch_size=512, links=LINKS)
+    fr4 = [r for r in rows if r["hosts"] == 4 and r["family"] == "FR"]
+    assert all(r["ratio_error"] > 0.001 for r in fr4)  # the model predicts them too fast
+
+
+def test_testbed_report_from_raw_files(tmp_path: Path) -> None:
+    true = sm.TestbedConstants(rho=0.4, delta=0.15, kappa=0.6)
+    (tmp_path / "raw").mkdir()
+    for hosts in (2, 4):
+        rows = _rows(_job(hosts=hosts, t0=0.04 * hosts, link="200mbit"), true)
+        (tmp_path / "raw" / f"h{hosts}_200mbit.json").write_text(json.dumps(rows))
+    (tmp_path / "raw" / "h2_200mbit.log").write_text("not a job")
+    jobs = sm.load_testbed(tmp_path)
+    assert sorted(jobs) == [(2, "200mbit"), (4, "200mbit")]
+    text = sm.testbed_report(jobs, tmp_path, 2, 512, LINKS, "cmd")
+    assert "## 4 hosts, 200mbit (out of sample)" in text
+    assert "| out of sample | shadow | 4 |" in text
+    with pytest.raises(ValueError, match="no 3-host job"):
+        sm.testbed_rows(jobs, fit_hosts=3, batch_size=512, links=LINKS)
