@@ -416,6 +416,9 @@ the 4-host error is out of sample. Per (hosts N, link), per rank (seconds, bytes
               shares the same CPU cores, so an unlimited link is CPU-bound and its share of
               those cores shrinks as 1/N
               A  = 2 (N-1)/N * S / beta                  ring allreduce; links add no delay
+              Ac = 2 (N-1)/N * S / (B_cpu N_probe / N)   the CPU work of moving those bytes
+                                                         (kernel, veth, bridge): the same
+                                                         allreduce on a CPU-bound link
               X  = w / beta                              all-to-all time inside T0
               Tc = T0 - X                                compute inside T0
     fitted    rho, delta, kappa (2-host jobs): the cores are shared by every host, so CPU work
@@ -427,9 +430,12 @@ the 4-host error is out of sample. Per (hosts N, link), per rank (seconds, bytes
               gap = (1 + (m-1) k) / m                    rounds after steps 1, k+1, 2k+1, ...
     shadow    R = r + A (1 + X/T0)                       a round's duration: the allreduce
                                                          shares the link with the all-to-alls
-              C = kappa r + X A / T0                     what one round costs training: kappa
-                                                         of its CPU work, and the all-to-alls
-                                                         slowed while they share the link
+              C = kappa (r + Ac) + X A / T0              what one round costs training: kappa
+                                                         of its CPU work (moving its bytes
+                                                         included: FR waits for the link
+                                                         anyway, shadow trains meanwhile),
+                                                         and the all-to-alls slowed while
+                                                         they share the link
               back to back: T = T0 + C / g, g = max(1, R/T + 1/2)   (solved together; a
                             delta waits for the next step boundary, half a step on average)
               max_slowdown s: the pacer keeps rounds back to back while C / (g T0) <= s, else
@@ -471,10 +477,14 @@ class TestbedLinks:
     unlimited_Bps: float = TESTBED_UNLIMITED_MBPS * 1e6
     probe_hosts: int = TESTBED_PROBE_HOSTS
 
+    def cpu_Bps(self, hosts: int) -> float:
+        """Per-host bandwidth the shared cores can move: the probe's, split among the hosts."""
+        return self.unlimited_Bps * self.probe_hosts / hosts
+
     def bandwidth_Bps(self, link: str, hosts: int) -> float:
         """Per-host bandwidth: the tbf rate as gloo gets it, capped by the CPU's share."""
-        cpu = self.unlimited_Bps * self.probe_hosts / hosts
         rate = link_rate_Bps(link)
+        cpu = self.cpu_Bps(hosts)
         return cpu if rate is None else min(self.efficiency * rate, cpu)
 
 
@@ -589,6 +599,7 @@ class TestbedJob:
     bandwidth_Bps: float  # beta
     round_bytes: float  # S
     a2a_s: float  # X
+    cpu_Bps: float  # what the shared cores can move per host, B_cpu N_probe / N
 
     @property
     def compute_s(self) -> float:
@@ -599,6 +610,11 @@ class TestbedJob:
     def allreduce_s(self) -> float:
         """A: one ring allreduce of S on links that add no delay."""
         return allreduce_s(self.round_bytes, self.hosts, Network(0.0, self.bandwidth_Bps))
+
+    @property
+    def transfer_cpu_s(self) -> float:
+        """Ac: the CPU time of moving one round's bytes (the allreduce on a CPU-bound link)."""
+        return allreduce_s(self.round_bytes, self.hosts, Network(0.0, self.cpu_Bps))
 
 
 def testbed_job(hosts: int, link: str, measured_arms: Mapping[str, TestbedMeasured],
@@ -612,7 +628,8 @@ def testbed_job(hosts: int, link: str, measured_arms: Mapping[str, TestbedMeasur
     wire = 0.0 if math.isnan(none.wire_bytes_per_step) else none.wire_bytes_per_step
     return TestbedJob(hosts=hosts, link=link, steps=none.steps,
                       step_s=hosts * batch_size / none.examples_per_s, bandwidth_Bps=beta,
-                      round_bytes=_median(sizes), a2a_s=wire / beta)
+                      round_bytes=_median(sizes), a2a_s=wire / beta,
+                      cpu_Bps=links.cpu_Bps(hosts))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -692,7 +709,7 @@ def predict_testbed(arm: TestbedArm, job: TestbedJob, k: TestbedConstants) -> Te
         return TestbedPrediction(t0 / step, (1 + (m - 1) * arm.period) / m, step, r + a)
     x = job.a2a_s
     duration = r + a * (1 + x / t0)
-    cost = k.kappa * r + x * a / t0
+    cost = k.kappa * (r + job.transfer_cpu_s) + x * a / t0
     step, gap = _back_to_back(t0, cost, duration)
     s = arm.max_slowdown
     if s is not None and cost / (gap * t0) > s:
