@@ -1,9 +1,13 @@
-"""Checkpoint and resume: an interrupted 2-rank run ends exactly where an uninterrupted one does;
+"""Checkpoint and resume: an interrupted 2-rank run ends exactly where an uninterrupted one does
+(``none``, fixed-rate); in shadow mode, resume restores exactly what the checkpoint holds;
 incomplete checkpoints are never picked."""
 
 from __future__ import annotations
 
+import copy
 import functools
+import itertools
+import math
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +89,99 @@ def test_resume_equals_uninterrupted_run(tmp_path: Path, algorithm: list[str]) -
                    for k in dense)
     kept = sorted(p.name for p in (tmp_path / "straight").iterdir())
     assert kept == ["step_00000024", "step_00000048"]
+
+
+def _assert_equal(a: Any, b: Any, what: str) -> None:
+    """Bit-equal nested containers of tensors and numbers."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), what
+        for k in a:
+            _assert_equal(a[k], b[k], f"{what}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b), what
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _assert_equal(x, y, f"{what}[{i}]")
+    elif isinstance(a, torch.Tensor):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True, msg=f"{what}: {a} vs {b}")
+    else:
+        assert a == b, (what, a, b)
+
+
+def _shadow_resume(rank: int, world_size: int, root: str) -> dict[str, Any]:
+    env = init_distributed(60)
+    common = SMALL + ["sync.algorithm=bmuf", "sync.mode=shadow", "checkpoint.every_steps=24",
+                      f"checkpoint.dir={root}"]
+
+    def trainer(steps: int) -> Trainer:
+        cfg = load_config("synthetic", common + [f"train.steps={steps}"])
+        return Trainer(cfg, env, build_dataset(cfg.data.name, **cfg.data.options))
+
+    first = trainer(24)
+    first.train()
+    saved = _state(first)  # embedding shards as saved (nothing trained after the checkpoint)
+    resumed = trainer(48)
+    restored: dict[str, Any] = {}
+    start = resumed.wrapper.resume
+
+    def resume() -> None:  # the synchronizer is stopped here: its state can be read
+        restored["sync"] = copy.deepcopy(resumed.wrapper.state_dict())
+        start()
+
+    resumed.wrapper.resume = resume  # type: ignore[method-assign]
+    assert resumed.maybe_resume()
+    resumed.wrapper.resume = start  # type: ignore[method-assign]
+    at_resume = _state(resumed)
+    position = (resumed.step, resumed.epoch, resumed.epoch_step)
+    next_batch = next(next(resumed._segments()))
+    stream = resumed.dataset.train_batches(resumed.cfg.train.batch_size, rank, world_size, 0)
+    expected_batch = next(itertools.islice(stream, 24, None))
+    optimizers = copy.deepcopy({name: opt.state_dict() for name, opt
+                                in resumed.optimizer.optimizers if name != "sparse"})
+    rng = torch.get_rng_state()
+    summary = resumed.train()
+    return {"saved": saved, "at_resume": at_resume, "position": position, "rng": rng,
+            "sync": restored["sync"], "optimizers": optimizers, "summary": summary,
+            "next_batch": (next_batch.dense_features, next_batch.labels),
+            "expected_batch": (expected_batch.dense_features, expected_batch.labels),
+            "end": _state(resumed)}
+
+
+def test_shadow_resume_restores_the_checkpoint_exactly(tmp_path: Path) -> None:
+    """Shadow rounds run when threads get to them, so no two shadow runs, interrupted or not,
+    are bit-identical. What resume promises there, on 2 ranks: the checkpoint holds one model
+    (the final sync ran before the save), and a resumed run starts from exactly that model on
+    every rank, the same data position, the same strategy state (BMUF's global model and
+    momentum, the counters), each rank's dense optimizer state and RNG, and the embedding
+    tables as saved; then it trains on and ends with identical replicas."""
+    results = run_ranks(functools.partial(_shadow_resume, root=str(tmp_path)), timeout_s=240)
+    ckpt = tmp_path / "step_00000024"
+    files = [torch.load(ckpt / f"rank_{r:05d}.pt", weights_only=True) for r in (0, 1)]
+    _assert_equal(files[0]["dense"], files[1]["dense"], "the checkpoint's consensus")
+    _assert_equal(files[0]["sync"]["strategy"], files[1]["sync"]["strategy"], "strategy")
+    assert files[0]["sync"]["counters"]["rounds"] > 0, files[0]["sync"]  # rounds ran
+    for rank, (r, local) in enumerate(zip(results, files, strict=True)):
+        for name, value in local["dense"].items():  # the consensus, on every rank
+            torch.testing.assert_close(r["at_resume"][f"dense.{name}"], value, rtol=0, atol=0,
+                                       msg=f"rank {rank}: {name}")
+        for name, value in r["saved"].items():
+            if not name.startswith("dense."):  # the embedding shards as saved
+                torch.testing.assert_close(r["at_resume"][name], value, rtol=0, atol=0,
+                                           msg=f"rank {rank}: {name}")
+        assert r["position"] == (24, 0, 24) == (local["step"], local["epoch"],
+                                                local["epoch_step"])
+        _assert_equal(r["next_batch"], r["expected_batch"], f"rank {rank}: batch 25")
+        _assert_equal(r["sync"], local["sync"], f"rank {rank}: synchronizer state")
+        _assert_equal(r["optimizers"], local["optimizers"], f"rank {rank}: dense optimizer")
+        _assert_equal(r["rng"], local["rng"], f"rank {rank}: RNG")
+        summary = r["summary"]
+        assert summary["step"] == 48 and summary["sync_steps"] == 48, summary
+        assert summary["sync_rounds"] >= local["sync"]["counters"]["rounds"], summary
+        assert math.isfinite(summary["eval_ne"]), summary
+    dense = [k for k in results[0]["end"] if k.startswith("dense.")]
+    for name in dense:  # trained on, and ended as one model again
+        torch.testing.assert_close(results[0]["end"][name], results[1]["end"][name], rtol=0,
+                                   atol=0, msg=name)
+    assert any(not torch.equal(results[0]["end"][k], results[0]["at_resume"][k]) for k in dense)
 
 
 def test_latest_ignores_incomplete_and_foreign_entries(tmp_path: Path) -> None:
