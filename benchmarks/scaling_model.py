@@ -408,6 +408,8 @@ from its ``none`` arm and the link rate, with three constants fitted on the 2-ho
 the 4-host error is out of sample. Per (hosts N, link), per rank (seconds, bytes)::
 
     measured  T0 = N * batch / (none's examples/s)     the step without synchronization
+                                                         (batch: examples/s * train_seconds
+                                                         / (N * steps), per rank)
               w  = none's link bytes per host per step   (embedding all-to-alls)
               S  = bytes handed to one round's allreduce (sync_bytes_reduced / (rounds + 1))
     link      beta = min(eta * tbf rate, B_cpu * N_probe / N)     (unlimited: the second term)
@@ -541,6 +543,7 @@ class TestbedMeasured:
     the telemetry the model reads or is checked against (NaN where the arm has none)."""
 
     runs: int
+    batch_size: int  # per rank, from examples/s * train_seconds / (hosts * steps)
     examples_per_s: float
     ratio: float
     ratio_min: float
@@ -571,6 +574,8 @@ def measure_testbed(rows: Sequence[Mapping[str, Any]], hosts: int
         synced = [r for r in mine if "sync_rounds" in r]
         out[arm] = TestbedMeasured(
             runs=len(mine),
+            batch_size=round(_median([r["examples_per_s"] * r["train_seconds"]
+                                      / (hosts * int(r["step"])) for r in mine])),
             examples_per_s=_median([float(r["examples_per_s"]) for r in mine]),
             ratio=_median(ratios), ratio_min=min(ratios), ratio_max=max(ratios),
             gap=_nanmean([float(r.get("sync_sync_gap_mean", math.nan)) for r in mine]),
@@ -618,8 +623,9 @@ class TestbedJob:
 
 
 def testbed_job(hosts: int, link: str, measured_arms: Mapping[str, TestbedMeasured],
-                batch_size: int, links: TestbedLinks) -> TestbedJob:
-    """The job's inputs: T0 and w from ``none``, S from any arm that synchronized."""
+                links: TestbedLinks) -> TestbedJob:
+    """The job's inputs: T0 and w from ``none``, S from any arm that synchronized. The batch is
+    read from the runs, not given: frontier jobs may override it."""
     none = measured_arms["none"]
     beta = links.bandwidth_Bps(link, hosts)
     sizes = [m.round_bytes for m in measured_arms.values() if not math.isnan(m.round_bytes)]
@@ -627,7 +633,7 @@ def testbed_job(hosts: int, link: str, measured_arms: Mapping[str, TestbedMeasur
         raise ValueError(f"{hosts} hosts, {link}: no arm synchronized, so no round size")
     wire = 0.0 if math.isnan(none.wire_bytes_per_step) else none.wire_bytes_per_step
     return TestbedJob(hosts=hosts, link=link, steps=none.steps,
-                      step_s=hosts * batch_size / none.examples_per_s, bandwidth_Bps=beta,
+                      step_s=hosts * none.batch_size / none.examples_per_s, bandwidth_Bps=beta,
                       round_bytes=_median(sizes), a2a_s=wire / beta,
                       cpu_Bps=links.cpu_Bps(hosts))
 
@@ -773,13 +779,12 @@ def _rel(predicted: float, measured: float) -> float:
 
 
 def testbed_rows(jobs: Mapping[tuple[int, str], Sequence[Mapping[str, Any]]], fit_hosts: int,
-                 batch_size: int, links: TestbedLinks
-                 ) -> tuple[TestbedConstants, list[dict[str, Any]]]:
+                 links: TestbedLinks) -> tuple[TestbedConstants, list[dict[str, Any]]]:
     """Fit on the ``fit_hosts`` jobs, predict every job: one row per (job, arm) but ``none``."""
     prepared = []
     for (hosts, link), rows in sorted(jobs.items()):
         measured_arms = measure_testbed(rows, hosts)
-        job = testbed_job(hosts, link, measured_arms, batch_size, links)
+        job = testbed_job(hosts, link, measured_arms, links)
         for name, m in measured_arms.items():
             arm = parse_testbed_arm(name)
             if arm.kind != "none":
@@ -836,10 +841,10 @@ def _num(x: float, digits: int = 3) -> str:
 
 
 def testbed_report(jobs: Mapping[tuple[int, str], Sequence[Mapping[str, Any]]],
-                   directory: Path, fit_hosts: int, batch_size: int, links: TestbedLinks,
-                   command: str) -> str:
+                   directory: Path, fit_hosts: int, links: TestbedLinks, command: str) -> str:
     """``testbed_fit.md``: inputs, fitted constants, predicted vs measured per point, summary."""
-    k, rows = testbed_rows(jobs, fit_hosts, batch_size, links)
+    k, rows = testbed_rows(jobs, fit_hosts, links)
+    batches = sorted({measure_testbed(r, h)["none"].batch_size for (h, _), r in jobs.items()})
     files = ", ".join(f"`h{h}_{link}.json` ({len(r)} runs)"
                       for (h, link), r in sorted(jobs.items()))
     parts = [
@@ -850,7 +855,8 @@ def testbed_report(jobs: Mapping[tuple[int, str], Sequence[Mapping[str, Any]]],
         "out of sample. Measured inputs per job: `none`'s examples/s (T0), its bytes on the "
         "link (the all-to-alls), the bytes of one round (S). Given: the link's tbf rate at "
         f"{links.efficiency:g} efficiency, unlimited = {links.unlimited_Bps / 1e6:g} MB/s per "
-        f"host at {links.probe_hosts} hosts (the cluster probe), batch {batch_size} per rank. "
+        f"host at {links.probe_hosts} hosts (the cluster probe). Batch per rank (read from the "
+        f"runs): {', '.join(map(str, batches))}. "
         "Predicted: every other arm's ratio to `none` and sync gap. The pacer's measured "
         "round cost and busy share are not inputs.", "",
         "```", TESTBED_DOC.rstrip(), "```", "",
@@ -895,7 +901,7 @@ def testbed_main(args: argparse.Namespace) -> int:
         print(f"error: no raw/h<N>_<link>.json under {args.testbed}", file=sys.stderr)
         return 2
     links = TestbedLinks(args.link_efficiency, args.unlimited_MBps * 1e6)
-    text = testbed_report(jobs, args.testbed, args.fit_hosts, args.batch_size, links,
+    text = testbed_report(jobs, args.testbed, args.fit_hosts, links,
                           "python " + shlex.join(sys.argv))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "testbed_fit.md").write_text(text + "\n")
@@ -928,7 +934,6 @@ def main() -> int:
                          help="frontier.py's --out directory (its raw/h<N>_<link>.json)")
     testbed.add_argument("--fit-hosts", type=int, default=2,
                          help="fit the constants on these jobs; the others are out of sample")
-    testbed.add_argument("--batch-size", type=int, default=512, help="per rank")
     testbed.add_argument("--link-efficiency", type=float, default=TESTBED_LINK_EFFICIENCY,
                          help="share of a tbf rate a gloo allreduce gets (cluster probe)")
     testbed.add_argument("--unlimited-MBps", type=float, default=TESTBED_UNLIMITED_MBPS,

@@ -193,7 +193,7 @@ def _rows(job: sm.TestbedJob, k: sm.TestbedConstants, arms: list[str] = TB_ARMS,
             p = sm.predict_testbed(arm, job, k)
             rate = job.hosts * batch / p.step_s * speed
             row = {"arm": name, "seed": 0, "repeat": rep, "step": job.steps,
-                   "examples_per_s": rate, "train_seconds": job.steps * p.step_s}
+                   "examples_per_s": rate, "train_seconds": job.steps * p.step_s / speed}
             if name == "none":
                 row["wire_bytes"] = job.a2a_s * job.bandwidth_Bps * job.hosts * job.steps
             if arm.kind in ("fixed_rate", "shadow"):
@@ -233,14 +233,16 @@ def test_parse_testbed_arm() -> None:
 def test_measure_pairs_each_run_with_its_repeats_none() -> None:
     rows = [
         {"arm": "none", "seed": 0, "repeat": 0, "step": 100, "examples_per_s": 1000.0,
-         "wire_bytes": 8e8},
+         "train_seconds": 51.2, "wire_bytes": 8e8},
         {"arm": "none", "seed": 0, "repeat": 1, "step": 100, "examples_per_s": 2000.0,
-         "wire_bytes": 8e8},
+         "train_seconds": 25.6, "wire_bytes": 8e8},
         {"arm": "S 5%", "seed": 0, "repeat": 0, "step": 100, "examples_per_s": 900.0,
-         "sync_rounds": 9, "sync_bytes_reduced": 1e8, "sync_comm_seconds": 2.0,
+         "train_seconds": 400 * 128 / 900, "sync_rounds": 9, "sync_bytes_reduced": 1e8,
+         "sync_comm_seconds": 2.0,
          "sync_sync_gap_mean": 10.0, "sync_busy_share": 0.2, "sync_round_cost": 0.25},
         {"arm": "S 5%", "seed": 0, "repeat": 1, "step": 100, "examples_per_s": 1700.0,
-         "sync_rounds": 19, "sync_bytes_reduced": 2e8, "sync_comm_seconds": 3.0,
+         "train_seconds": 400 * 128 / 1700, "sync_rounds": 19, "sync_bytes_reduced": 2e8,
+         "sync_comm_seconds": 3.0,
          "sync_sync_gap_mean": 5.0, "sync_round_cost": math.nan},
     ]
     m = sm.measure_testbed(rows, hosts=4)
@@ -253,6 +255,7 @@ def test_measure_pairs_each_run_with_its_repeats_none() -> None:
     assert m["S 5%"].busy_share == pytest.approx(0.2)  # a missing key is left out
     assert m["S 5%"].round_cost == pytest.approx(0.25)  # so is NaN
     assert m["none"].wire_bytes_per_step == pytest.approx(8e8 / (4 * 100))
+    assert (m["none"].batch_size, m["S 5%"].batch_size) == (128, 128)  # 4 hosts, 100 steps
     assert math.isnan(m["none"].gap) and math.isnan(m["none"].round_bytes)
     with pytest.raises(ValueError, match="none"):
         sm.measure_testbed(rows[2:], hosts=4)
@@ -317,8 +320,8 @@ def test_fit_recovers_the_constants_and_predicts_other_host_counts() -> None:
     for hosts, t0 in ((2, 0.08), (4, 0.16)):  # 4 hosts on the same cores: twice the step
         for link, w in (("unlimited", 7e5), ("1gbit", 7e5), ("200mbit", 7e5)):
             job = _job(t0=t0, hosts=hosts, link=link, w=w, s=8e6)
-            jobs[hosts, link] = _rows(job, true, none_by_repeat=(1.0, 0.9, 1.1))
-    k, rows = sm.testbed_rows(jobs, fit_hosts=2, batch_size=512, links=LINKS)
+            jobs[hosts, link] = _rows(job, true, batch=128, none_by_repeat=(1.0, 0.9, 1.1))
+    k, rows = sm.testbed_rows(jobs, fit_hosts=2, links=LINKS)
     assert (k.rho, k.delta, k.kappa) == pytest.approx((0.4, 0.15, 0.6), abs=1e-3)
     assert {r["role"] for r in rows if r["hosts"] == 4} == {"out of sample"}
     assert {r["role"] for r in rows if r["hosts"] == 2} == {"fit"}
@@ -354,7 +357,7 @@ def test_a_slower_model_is_seen_as_error() -> None:
     slow = sm.TestbedConstants(rho=0.8, delta=0.15, kappa=0.6)
     jobs = {(2, "1gbit"): _rows(_job(hosts=2), true),
             (4, "1gbit"): _rows(_job(hosts=4, t0=0.2), slow)}
-    _, rows = sm.testbed_rows(jobs, fit_hosts=2, batch_size=512, links=LINKS)
+    _, rows = sm.testbed_rows(jobs, fit_hosts=2, links=LINKS)
     fr4 = [r for r in rows if r["hosts"] == 4 and r["family"] == "FR"]
     assert all(r["ratio_error"] > 0.001 for r in fr4)  # the model predicts them too fast
 
@@ -368,8 +371,9 @@ def test_testbed_report_from_raw_files(tmp_path: Path) -> None:
     (tmp_path / "raw" / "h2_200mbit.log").write_text("not a job")
     jobs = sm.load_testbed(tmp_path)
     assert sorted(jobs) == [(2, "200mbit"), (4, "200mbit")]
-    text = sm.testbed_report(jobs, tmp_path, 2, 512, LINKS, "cmd")
+    text = sm.testbed_report(jobs, tmp_path, 2, LINKS, "cmd")
+    assert "Batch per rank (read from the runs): 512." in text
     assert "## 4 hosts, 200mbit (out of sample)" in text
     assert "| out of sample | shadow | 4 |" in text
     with pytest.raises(ValueError, match="no 3-host job"):
-        sm.testbed_rows(jobs, fit_hosts=3, batch_size=512, links=LINKS)
+        sm.testbed_rows(jobs, fit_hosts=3, links=LINKS)
