@@ -52,6 +52,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType, TracebackType
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 PREFIX = "ssc"
@@ -72,6 +73,7 @@ _UNLIMITED = ("unlimited", "none", "")
 # tbf's queue: up to this much waiting time before drops (TCP backs off; the rate holds).
 _TBF_LATENCY = "100ms"
 _PROBE_TAG = "PROBE "
+_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 LineSink = Callable[[int, str], None]
 
@@ -294,6 +296,7 @@ class Cluster:
         self.shared_bits = parse_rate(shared_rate)
         self.burst_bytes = parse_size(burst)
         self._is_up = False
+        self._previous_handlers: dict[int, Any] = {}
 
     # -- names -------------------------------------------------------------------------------
     @property
@@ -395,11 +398,22 @@ class Cluster:
         self._is_up = False
 
     def __enter__(self) -> Cluster:
+        """Builds the cluster; inside the block (on the main thread) SIGINT, SIGTERM and SIGHUP
+        raise :class:`Interrupted`, so a driver that is stopped or killed politely still leaves
+        through ``__exit__`` and removes every namespace (Python's default for SIGTERM would
+        exit without it)."""
+        self._previous_handlers = {}
+        if threading.current_thread() is threading.main_thread():
+            self._previous_handlers = {s: signal.signal(s, _on_signal) for s in _SIGNALS}
         return self.up()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self.down()
+        try:
+            self.down()
+        finally:
+            for s, handler in self._previous_handlers.items():
+                signal.signal(s, handler)
 
     def traffic(self, i: int) -> tuple[int, int]:
         """Bytes host ``i``'s NIC has sent and received since it was built: proof that a job's
@@ -615,7 +629,9 @@ def _probe_worker(argv: list[str]) -> int:
 
 
 # -- command line -----------------------------------------------------------------------------
-class _Interrupted(Exception):
+class Interrupted(Exception):
+    """A stop signal arrived while a cluster was in use; ``signum`` says which."""
+
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
@@ -623,9 +639,9 @@ class _Interrupted(Exception):
 
 def _on_signal(signum: int, frame: FrameType | None) -> None:
     # Later signals are ignored: teardown must not be cut short by a second Ctrl-C.
-    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    for s in _SIGNALS:
         signal.signal(s, signal.SIG_IGN)
-    raise _Interrupted(signum)
+    raise Interrupted(signum)
 
 
 def _cluster_args(parser: argparse.ArgumentParser) -> None:
@@ -694,8 +710,7 @@ def main(argv: list[str] | None = None) -> int:
     if command and args.cmd != "run":
         print(f"error: {args.cmd} takes no command after --", file=sys.stderr)
         return 2
-    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    previous = {s: signal.signal(s, _on_signal) for s in signals}
+    previous = {s: signal.signal(s, _on_signal) for s in _SIGNALS}
     try:
         if args.cmd == "list":
             check_environment()
@@ -734,7 +749,7 @@ def main(argv: list[str] | None = None) -> int:
     except ClusterError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except _Interrupted as e:
+    except Interrupted as e:
         print(f"cluster: {e} received, cluster removed", file=sys.stderr)
         return 128 + e.signum
     finally:

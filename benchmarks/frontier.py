@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cluster import Cluster, ClusterError  # noqa: E402  (a script beside this one)
+from cluster import Cluster, ClusterError, Interrupted  # noqa: E402  (a script beside this one)
 
 ROOT = Path(__file__).resolve().parents[1]
 FR_PERIODS = (1, 2, 5, 10, 20, 50)
@@ -254,6 +254,10 @@ def main(argv: list[str] | None = None) -> int:
                 except ClusterError as exc:
                     print(f"error: {exc}", file=sys.stderr)
                     return 2
+                except Interrupted as exc:
+                    print(f"frontier: {exc} received; cluster removed, finished jobs kept",
+                          file=sys.stderr)
+                    return 128 + exc.signum
                 if rc != 0:
                     print(f"error: job {job_name(hosts, link)} failed (exit {rc}); its log is "
                           f"{args.out / 'raw' / job_name(hosts, link)}.log", file=sys.stderr)
