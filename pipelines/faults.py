@@ -186,8 +186,8 @@ class FiniteWatch:
         self.params = list(params)
         self._first = torch.zeros(len(self.KINDS), dtype=torch.long, device=device)
         self._async = device.type == "cuda"
-        self._host = torch.zeros_like(self._first, device="cpu",
-                                      pin_memory=self._async)
+        # Pinned, so that the copy from the GPU is asynchronous.
+        self._host = torch.empty(len(self.KINDS), dtype=torch.long, pin_memory=self._async)
         self._copied: torch.cuda.Event | None = None
 
     @torch.no_grad()

@@ -9,6 +9,7 @@ Each job carries a marker in its environment, so a test can assert that no proce
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -361,47 +362,49 @@ def test_non_finite_loss_fails_the_job_naming_step_rank_and_loss(tmp_path: Path)
             "failed: ...`; no summary; step-20 checkpoint loads", job.since_fault())
 
 
-def test_non_finite_eval_fails_the_job_without_a_summary(tmp_path: Path) -> None:
-    job = torchrun([f"output_dir={tmp_path}", "train.steps=20"], fault="rank1:nan-eval@1")
-    assert job.rc == 1, job.log[-3000:]
-    cause = ("rank 1 failed: NonFiniteValue: non-finite eval predictions (NaN or inf) at step 20 "
-             "on rank 1")
-    assert cause in job.log, job.log[-3000:]
-    assert f"rank 0 failed: PeerFailed: {cause}" in job.log, job.log[-3000:]
-    records = _records(tmp_path)
-    assert not any(r.get("summary") or any(k.startswith("eval_") for k in r) for r in records)
-    _report("NaN eval predictions on rank 1 (final evaluation)", job, "`rank 1 failed: "
-            "NonFiniteValue: non-finite eval predictions (NaN or inf) at step 20 on rank 1 ...`; "
-            "no summary")
-
-
-def _nan_found_by_exchange(rank: int, world_size: int) -> dict[str, Any]:
+def _non_finite_in_process(rank: int, world_size: int, out: str) -> dict[str, Any]:
     env = train.init_distributed(60)
-    cfg = load_config("synthetic", SMALL[2:] + ["sync.algorithm=ddp", "train.steps=60"])
-    dataset = _Poisoned(build_dataset(cfg.data.name, **cfg.data.options), 1, "nan-loss", 25)
-    trainer = train.Trainer(cfg, env, dataset)
-    trainer.watch.poll = lambda: None  # type: ignore[method-assign]  # a GPU's copy in flight
-    try:
-        trainer.train()
-    except faults.NonFiniteValue as e:
-        return {"error": type(e).__name__, "message": str(e), "step": trainer.step}
-    return {"error": None, "step": trainer.step}
+    results: dict[str, Any] = {}
+    for case, fault, overrides in [
+        ("loss", ("nan-loss", 25), ["sync.algorithm=ddp", "train.steps=60"]),
+        ("eval", ("nan-eval", 1), ["train.steps=10", "train.log_every=5", f"output_dir={out}"]),
+    ]:
+        cfg = load_config("synthetic", SMALL[2:] + overrides)
+        dataset = _Poisoned(build_dataset(cfg.data.name, **cfg.data.options), 1, fault[0],
+                            fault[1])
+        trainer = train.Trainer(cfg, env, dataset)
+        trainer.watch.poll = lambda: None  # type: ignore[method-assign]  # as on a GPU
+        try:
+            trainer.train()
+            results[case] = {"error": None, "step": trainer.step}
+        except faults.NonFiniteValue as e:
+            results[case] = {"error": type(e).__name__, "message": str(e), "step": trainer.step}
+    return results
 
 
-def test_ranks_agree_on_who_went_non_finite_first() -> None:
+def test_ranks_agree_on_who_went_non_finite_first(tmp_path: Path) -> None:
     """As on GPUs, where the poll lags: the control exchange after step 30 finds the NaN.
     DDP spread rank 1's NaN loss of step 25 to rank 0's gradients in the same step; the loss
-    is named first, and only rank 1 claims the cause."""
-    r0, r1 = run_ranks(_nan_found_by_exchange, timeout_s=120)
-    assert r0["step"] == r1["step"] == 30
-    assert r1["error"] == "NonFiniteValue"
-    assert r1["message"] == (
+    is named first, and only rank 1 claims the cause. NaN eval predictions on rank 1 fail the
+    final evaluation on every rank, and no summary is written."""
+    r0, r1 = run_ranks(functools.partial(_non_finite_in_process, out=str(tmp_path)),
+                       timeout_s=120)
+    assert r0["loss"]["step"] == r1["loss"]["step"] == 30
+    assert r1["loss"]["error"] == "NonFiniteValue"
+    assert r1["loss"]["message"] == (
         "non-finite loss (NaN or inf) at step 25 on rank 1 (seen by rank 0: dense gradients at "
         "step 25, loss at step 26; rank 1: loss and dense gradients at step 25); found at the "
         "check after step 30")
-    assert r0["error"] == "PeerNonFinite"
-    assert r0["message"].startswith("rank(s) [1] went non-finite first")
+    assert r0["loss"]["error"] == "PeerNonFinite"
+    assert r0["loss"]["message"].startswith("rank(s) [1] went non-finite first")
     assert faults.is_consequence(faults.PeerNonFinite("x"))
+    assert r1["eval"]["error"] == "NonFiniteValue"
+    assert r1["eval"]["message"].startswith(
+        "non-finite eval predictions (NaN or inf) at step 10 on rank 1")
+    assert r0["eval"]["error"] == "PeerNonFinite"
+    records = _records(tmp_path)
+    assert [r["step"] for r in records] == [5, 10], records  # training records, no summary
+    assert not any(r.get("summary") or any(k.startswith("eval_") for k in r) for r in records)
 
 
 def test_non_finite_message_orders_by_step_then_kind() -> None:
