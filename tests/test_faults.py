@@ -30,6 +30,7 @@ from torchx.specs import AppState
 
 from shadowsync.datasets import build_dataset
 from shadowsync.pipelines import checkpoint, faults, train
+from shadowsync.pipelines import trainer as trainer_module
 from shadowsync.pipelines.config import load_config
 from shadowsync.torchx_components.train import train as train_component
 from tests._dist import free_port, run_ranks
@@ -379,6 +380,18 @@ def _non_finite_in_process(rank: int, world_size: int, out: str) -> dict[str, An
             results[case] = {"error": None, "step": trainer.step}
         except faults.NonFiniteValue as e:
             results[case] = {"error": type(e).__name__, "message": str(e), "step": trainer.step}
+    # Finite predictions, metrics that are not (an eval split of one class): fails too.
+    trainer = train.Trainer(load_config("synthetic", SMALL[2:] + ["train.steps=5"]), env,
+                            build_dataset(cfg.data.name, **cfg.data.options))
+    exact = trainer_module.gather_metrics
+    trainer_module.gather_metrics = lambda logits, labels: exact(logits, labels.mul(0))
+    try:
+        trainer.train()
+        results["metrics"] = {"error": None}
+    except faults.NonFiniteValue as e:
+        results["metrics"] = {"error": type(e).__name__, "message": str(e)}
+    finally:
+        trainer_module.gather_metrics = exact
     return results
 
 
@@ -386,7 +399,8 @@ def test_ranks_agree_on_who_went_non_finite_first(tmp_path: Path) -> None:
     """As on GPUs, where the poll lags: the control exchange after step 30 finds the NaN.
     DDP spread rank 1's NaN loss of step 25 to rank 0's gradients in the same step; the loss
     is named first, and only rank 1 claims the cause. NaN eval predictions on rank 1 fail the
-    final evaluation on every rank, and no summary is written."""
+    final evaluation on every rank, and no summary is written; so do eval metrics that are
+    not finite (labels of one class: NE has no base entropy)."""
     r0, r1 = run_ranks(functools.partial(_non_finite_in_process, out=str(tmp_path)),
                        timeout_s=120)
     assert r0["loss"]["step"] == r1["loss"]["step"] == 30
@@ -405,6 +419,10 @@ def test_ranks_agree_on_who_went_non_finite_first(tmp_path: Path) -> None:
     records = _records(tmp_path)
     assert [r["step"] for r in records] == [5, 10], records  # training records, no summary
     assert not any(r.get("summary") or any(k.startswith("eval_") for k in r) for r in records)
+    for r in (r0, r1):
+        assert r["metrics"]["error"] == "NonFiniteValue", r["metrics"]
+        assert r["metrics"]["message"].startswith("non-finite eval metrics {'ne': nan"), r
+        assert "in the evaluation after step 5" in r["metrics"]["message"]
 
 
 def test_non_finite_message_orders_by_step_then_kind() -> None:
