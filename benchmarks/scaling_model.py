@@ -689,7 +689,7 @@ def _back_to_back(t0: float, cost: float, duration: float) -> tuple[float, float
     if cost <= 0:
         return t0, shadow_gap(duration, t0)
     lo, hi = t0, t0 + cost
-    for _ in range(100):
+    for _ in range(60):  # to 2^-60 of C
         mid = (lo + hi) / 2
         if mid - t0 - cost / shadow_gap(duration, mid) < 0:
             lo = mid
@@ -740,12 +740,16 @@ def _weighted_ls(a: Sequence[float], b: Sequence[float]) -> float:
 
 
 Fitted = list[tuple[TestbedArm, TestbedJob, TestbedMeasured]]
+# kappa above 1 means a background round costs training more than its own CPU work: the other
+# hosts' rounds share the same cores, and threads oversubscribe them.
+KAPPA_MAX = 4
 
 
 def fit_testbed(points: Fitted) -> TestbedConstants:
     """rho from the FR arms, delta from ddp (both closed-form least squares on the relative error
-    of the step time, which is linear in them), then kappa from the shadow arms' ratios (a
-    bounded 1-D search: the shadow step is not linear in it). Pass the 2-host points only."""
+    of the step time, which is linear in them), then kappa from the shadow arms' ratios and gaps
+    (a bounded 1-D search: neither is linear in it). The gaps weigh in because a paced arm's
+    ratio is the pacer's target whatever a round costs; its gap is where the cost shows."""
     a_fr, b_fr, a_ddp, b_ddp = [], [], [], []
     for arm, job, m in points:
         measured_step = job.step_s / m.ratio
@@ -762,12 +766,17 @@ def fit_testbed(points: Fitted) -> TestbedConstants:
 
     def loss(kappa: float) -> float:
         k = TestbedConstants(rho, delta, kappa)
-        return sum((predict_testbed(arm, job, k).ratio - m.ratio) ** 2
-                   for arm, job, m in shadow)
+        total = 0.0
+        for arm, job, m in shadow:
+            p = predict_testbed(arm, job, k)
+            total += (p.ratio / m.ratio - 1) ** 2
+            if m.gap > 0:
+                total += math.log(p.gap / m.gap) ** 2
+        return total
 
-    grid = [i / 200 for i in range(201)]  # kappa in [0, 1]: a share
+    grid = [i / 50 for i in range(KAPPA_MAX * 50 + 1)]
     best = min(grid, key=loss) if shadow else 0.0
-    lo, hi = max(0.0, best - 0.005), min(1.0, best + 0.005)
+    lo, hi = max(0.0, best - 0.02), min(float(KAPPA_MAX), best + 0.02)
     for _ in range(60):  # golden-section refinement around the best grid point
         m1, m2 = lo + (hi - lo) * 0.382, lo + (hi - lo) * 0.618
         lo, hi = (lo, m2) if loss(m1) <= loss(m2) else (m1, hi)
@@ -778,9 +787,20 @@ def _rel(predicted: float, measured: float) -> float:
     return predicted / measured - 1 if measured and not math.isnan(measured) else math.nan
 
 
+IN_SAMPLE, LINK_HELD_OUT, OTHER_HOSTS = "in sample", "link held out", "other host count"
+TESTBED_ROLES = (IN_SAMPLE, LINK_HELD_OUT, OTHER_HOSTS)
+
+
 def testbed_rows(jobs: Mapping[tuple[int, str], Sequence[Mapping[str, Any]]], fit_hosts: int,
                  links: TestbedLinks) -> tuple[TestbedConstants, list[dict[str, Any]]]:
-    """Fit on the ``fit_hosts`` jobs, predict every job: one row per (job, arm) but ``none``."""
+    """One row per (job, arm but ``none``, role), each role an honest use of the constants:
+
+    * in sample: fitted on every ``fit_hosts`` job, checked on those same jobs;
+    * link held out: each ``fit_hosts`` job predicted from constants fitted on the others
+      (with at least two such jobs);
+    * other host count: every other job, predicted from the constants fitted on all
+      ``fit_hosts`` jobs: the extrapolation the model is for.
+    """
     prepared = []
     for (hosts, link), rows in sorted(jobs.items()):
         measured_arms = measure_testbed(rows, hosts)
@@ -793,32 +813,49 @@ def testbed_rows(jobs: Mapping[tuple[int, str], Sequence[Mapping[str, Any]]], fi
     if not fit_points:
         raise ValueError(f"no {fit_hosts}-host job to fit the constants on")
     k = fit_testbed(fit_points)
+    fit_links = sorted({job.link for _, job, _ in fit_points})
+    held_out = {} if len(fit_links) < 2 else {
+        link: fit_testbed([p for p in fit_points if p[1].link != link]) for link in fit_links}
     out = []
     for arm, job, m in prepared:
-        p = predict_testbed(arm, job, k)
-        out.append({
-            "hosts": job.hosts, "link": job.link, "arm": arm.name, "family": arm.family,
-            "role": "fit" if job.hosts == fit_hosts else "out of sample",
-            "ratio_measured": m.ratio, "ratio_min": m.ratio_min, "ratio_max": m.ratio_max,
-            "ratio_predicted": p.ratio, "ratio_error": _rel(p.ratio, m.ratio),
-            "gap_measured": m.gap, "gap_predicted": p.gap, "gap_error": _rel(p.gap, m.gap),
-            "ratio_at_measured_gap": (p.ratio_at_gap(job, m.gap) if arm.kind == "shadow"
-                                      else math.nan),
-            "allreduce_measured_s": m.comm_per_round_s, "allreduce_predicted_s": job.allreduce_s,
-            "runs": m.runs,
-        })
+        if job.hosts != fit_hosts:
+            roles = [(OTHER_HOSTS, k)]
+        else:
+            roles = [(IN_SAMPLE, k)] + ([(LINK_HELD_OUT, held_out[job.link])] if held_out else [])
+        for role, constants in roles:
+            out.append(_testbed_row(arm, job, m, role, constants))
     return k, out
+
+
+def _testbed_row(arm: TestbedArm, job: TestbedJob, m: TestbedMeasured, role: str,
+                 k: TestbedConstants) -> dict[str, Any]:
+    """Predicted vs measured for one arm of one job under one role's constants."""
+    p = predict_testbed(arm, job, k)
+    return {
+        "hosts": job.hosts, "link": job.link, "arm": arm.name, "family": arm.family,
+        "role": role,
+        "ratio_measured": m.ratio, "ratio_min": m.ratio_min, "ratio_max": m.ratio_max,
+        "ratio_predicted": p.ratio, "ratio_error": _rel(p.ratio, m.ratio),
+        "gap_measured": m.gap, "gap_predicted": p.gap, "gap_error": _rel(p.gap, m.gap),
+        "ratio_at_measured_gap": (p.ratio_at_gap(job, m.gap) if arm.kind == "shadow"
+                                  else math.nan),
+        "allreduce_measured_s": m.comm_per_round_s, "allreduce_predicted_s": job.allreduce_s,
+        "runs": m.runs,
+        # rounding aside: one repeat makes min = max = the measurement
+        "in_spread": m.ratio_min * (1 - 1e-9) <= p.ratio <= m.ratio_max * (1 + 1e-9),
+    }
 
 
 def testbed_summary(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Median and max |relative error| of ratio and gap, per role and arm family."""
     out = []
-    for role in ("fit", "out of sample"):
+    for role in TESTBED_ROLES:
         for family in TESTBED_FAMILIES:
             mine = [r for r in rows if r["role"] == role and r["family"] == family]
             if not mine:
                 continue
-            entry: dict[str, Any] = {"role": role, "family": family, "points": len(mine)}
+            entry: dict[str, Any] = {"role": role, "family": family, "points": len(mine),
+                                     "in_spread": sum(bool(r["in_spread"]) for r in mine)}
             for what in ("ratio", "gap"):
                 errors = [abs(r[f"{what}_error"]) for r in mine
                           if not math.isnan(r[f"{what}_error"])]
@@ -840,49 +877,75 @@ def _num(x: float, digits: int = 3) -> str:
     return "-" if math.isnan(x) else f"{x:.{digits}f}"
 
 
+def _none_spread(rows: Sequence[Mapping[str, Any]]) -> float:
+    """(max - min) / median of ``none``'s examples/s over repeats: the job's noise floor."""
+    rates = [float(r["examples_per_s"]) for r in rows if r["arm"] == "none"]
+    return (max(rates) - min(rates)) / _median(rates)
+
+
+def _headline_role(hosts: int, fit_hosts: int, roles: set[str]) -> str:
+    """The role a job's table shows: the most out-of-sample prediction it has."""
+    if hosts != fit_hosts:
+        return OTHER_HOSTS
+    return LINK_HELD_OUT if LINK_HELD_OUT in roles else IN_SAMPLE
+
+
 def testbed_report(jobs: Mapping[tuple[int, str], Sequence[Mapping[str, Any]]],
                    directory: Path, fit_hosts: int, links: TestbedLinks, command: str) -> str:
-    """``testbed_fit.md``: inputs, fitted constants, predicted vs measured per point, summary."""
+    """``testbed_fit.md``: inputs, fitted constants, the error summary per role and family, then
+    predicted vs measured per job (its most out-of-sample prediction)."""
     k, rows = testbed_rows(jobs, fit_hosts, links)
     batches = sorted({measure_testbed(r, h)["none"].batch_size for (h, _), r in jobs.items()})
     files = ", ".join(f"`h{h}_{link}.json` ({len(r)} runs)"
                       for (h, link), r in sorted(jobs.items()))
     parts = [
         "# Scaling model against the emulated cluster (frontier testbed)", "",
-        f"Generated {datetime.date.today().isoformat()} by `{command}` from {directory}/raw: "
+        f"Generated {datetime.date.today().isoformat()} by `{command}` from `{directory}/raw`: "
         f"{files}.", "",
-        f"Constants fitted on the {fit_hosts}-host jobs only; every other row is a prediction "
-        "out of sample. Measured inputs per job: `none`'s examples/s (T0), its bytes on the "
-        "link (the all-to-alls), the bytes of one round (S). Given: the link's tbf rate at "
-        f"{links.efficiency:g} efficiency, unlimited = {links.unlimited_Bps / 1e6:g} MB/s per "
-        f"host at {links.probe_hosts} hosts (the cluster probe). Batch per rank (read from the "
-        f"runs): {', '.join(map(str, batches))}. "
-        "Predicted: every other arm's ratio to `none` and sync gap. The pacer's measured "
-        "round cost and busy share are not inputs.", "",
+        "Measured inputs per job: `none`'s examples/s (T0), its bytes on the link (the "
+        "all-to-alls), the bytes of one round (S), the batch per rank "
+        f"({', '.join(map(str, batches))}). Given: the link's tbf rate at "
+        f"{links.efficiency:g} efficiency, an unlimited link = {links.unlimited_Bps / 1e6:g} MB/s "
+        f"per host at {links.probe_hosts} hosts (both from the cluster probe). Fitted: rho, "
+        f"delta, kappa on the {fit_hosts}-host jobs. Predicted: every other arm's ratio to "
+        "`none` and its sync gap. The pacer's own telemetry (round cost, busy share) and the "
+        "measured allreduce times are not inputs; the allreduce times are shown as a check.", "",
+        "Roles: *in sample*: constants fitted on every "
+        f"{fit_hosts}-host job, checked on them. *link held out*: each {fit_hosts}-host job "
+        "predicted from constants fitted on the other links' jobs. *other host count*: jobs "
+        f"with another number of hosts, predicted from all {fit_hosts}-host jobs (the "
+        "extrapolation the model is for).", "",
         "```", TESTBED_DOC.rstrip(), "```", "",
+        f"Constants fitted on every {fit_hosts}-host job (the held-out predictions refit "
+        "without their link):", "",
         "| constant | value | fitted on |", "|---|---:|---|",
-        f"| rho, one round's CPU work in compute steps | {k.rho:.3f} | FR arms |",
-        f"| delta, DDP's own cost in compute steps | {k.delta:.3f} | ddp |",
+        f"| rho, one round's CPU work in compute steps | {k.rho:.3f} | FR arms' ratios |",
+        f"| delta, DDP's own cost in compute steps | {k.delta:.3f} | ddp's ratio |",
         f"| kappa, share of a shadow round's CPU work training pays | {k.kappa:.3f} | "
-        "shadow arms' ratios |", "",
-        "## Summary: |relative error| per arm family", "",
-        "| role | family | points | ratio: median | ratio: max | gap: median | gap: max |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        "shadow arms' ratios and gaps |", "",
+        "## Summary: |relative error| per role and arm family", "",
+        "*in spread*: predictions inside the measured [min, max] of the ratio over repeats.", "",
+        "| role | family | points | ratio: median | ratio: max | in spread | gap: median | "
+        "gap: max |", "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for s in testbed_summary(rows):
         parts.append(f"| {s['role']} | {s['family']} | {s['points']} | "
                      f"{_abs_pct(s['ratio_median'])} | {_abs_pct(s['ratio_max'])} | "
+                     f"{s['in_spread']}/{s['points']} | "
                      f"{_abs_pct(s['gap_median'])} | {_abs_pct(s['gap_max'])} |")
     parts += ["", "FR gaps follow from k and the step count, so their error is ~0 by "
               "construction; the shadow gaps are the model's.", ""]
     for (hosts, link) in sorted({(r["hosts"], r["link"]) for r in rows},
                                 key=lambda hl: (hl[0], -(link_rate_Bps(hl[1]) or math.inf))):
         mine = [r for r in rows if (r["hosts"], r["link"]) == (hosts, link)]
-        job_rows = [f"## {hosts} hosts, {link} ({mine[0]['role']})", "",
+        role = _headline_role(hosts, fit_hosts, {r["role"] for r in mine})
+        job_rows = [f"## {hosts} hosts, {link}: {role}", "",
+                    f"`none`'s examples/s over repeats spread by "
+                    f"{_none_spread(jobs[hosts, link]):.0%} of its median.", "",
                     "| arm | ratio measured [min, max] | predicted | error | gap measured | "
                     "predicted | error | ratio at measured gap | allreduce s measured / "
                     "predicted |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for r in mine:
+        for r in (r for r in mine if r["role"] == role):
             job_rows.append(
                 f"| {r['arm']} | {r['ratio_measured']:.3f} [{r['ratio_min']:.3f}, "
                 f"{r['ratio_max']:.3f}] | {r['ratio_predicted']:.3f} | "

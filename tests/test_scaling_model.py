@@ -323,8 +323,9 @@ def test_fit_recovers_the_constants_and_predicts_other_host_counts() -> None:
             jobs[hosts, link] = _rows(job, true, batch=128, none_by_repeat=(1.0, 0.9, 1.1))
     k, rows = sm.testbed_rows(jobs, fit_hosts=2, links=LINKS)
     assert (k.rho, k.delta, k.kappa) == pytest.approx((0.4, 0.15, 0.6), abs=1e-3)
-    assert {r["role"] for r in rows if r["hosts"] == 4} == {"out of sample"}
-    assert {r["role"] for r in rows if r["hosts"] == 2} == {"fit"}
+    assert {r["role"] for r in rows if r["hosts"] == 4} == {sm.OTHER_HOSTS}
+    assert {r["role"] for r in rows if r["hosts"] == 2} == {sm.IN_SAMPLE, sm.LINK_HELD_OUT}
+    assert len(rows) == 3 * 9 + 3 * 9 * 2  # 9 arms but none; 2-host jobs in two roles
     assert "none" not in {r["arm"] for r in rows}
     for r in rows:
         assert r["ratio_error"] == pytest.approx(0.0, abs=1e-4), r
@@ -332,19 +333,38 @@ def test_fit_recovers_the_constants_and_predicts_other_host_counts() -> None:
             assert r["gap_error"] == pytest.approx(0.0, abs=1e-4), r
     summary = sm.testbed_summary(rows)
     assert [(s["role"], s["family"]) for s in summary] == [
-        (role, f) for role in ("fit", "out of sample") for f in sm.TESTBED_FAMILIES]
+        (role, f) for role in sm.TESTBED_ROLES for f in sm.TESTBED_FAMILIES]
     assert all(s["ratio_max"] < 1e-4 for s in summary)
 
 
-def test_testbed_summary_reports_absolute_errors() -> None:
-    def row(family: str, ratio_error: float, gap_error: float) -> dict:
-        return {"role": "out of sample", "family": family, "ratio_error": ratio_error,
-                "gap_error": gap_error}
+def test_a_held_out_link_is_predicted_without_its_own_data() -> None:
+    """Two 2-host links whose rounds cost differently: each held-out prediction uses only the
+    other link's cost, so it misses by more than the fit on both does."""
+    cheap = sm.TestbedConstants(rho=0.2, delta=0.15, kappa=0.6)
+    dear = sm.TestbedConstants(rho=0.8, delta=0.15, kappa=0.6)
+    jobs = {(2, "1gbit"): _rows(_job(link="1gbit"), cheap),
+            (2, "200mbit"): _rows(_job(link="200mbit"), dear)}
+    _, rows = sm.testbed_rows(jobs, fit_hosts=2, links=LINKS)
 
-    summary = sm.testbed_summary([row("FR", -0.3, 0.0), row("FR", 0.1, 0.0),
+    def fr_errors(link: str, role: str) -> list[float]:
+        return [r["ratio_error"] for r in rows
+                if (r["link"], r["role"], r["family"]) == (link, role, "FR")]
+
+    held, fitted = fr_errors("1gbit", sm.LINK_HELD_OUT), fr_errors("1gbit", sm.IN_SAMPLE)
+    assert all(h < f < 0 for h, f in zip(held, fitted, strict=True))  # predicted too slow
+    held, fitted = fr_errors("200mbit", sm.LINK_HELD_OUT), fr_errors("200mbit", sm.IN_SAMPLE)
+    assert all(h > f > 0 for h, f in zip(held, fitted, strict=True))  # predicted too fast
+
+
+def test_testbed_summary_reports_absolute_errors() -> None:
+    def row(family: str, ratio_error: float, gap_error: float, inside: bool = False) -> dict:
+        return {"role": sm.OTHER_HOSTS, "family": family, "ratio_error": ratio_error,
+                "gap_error": gap_error, "in_spread": inside}
+
+    summary = sm.testbed_summary([row("FR", -0.3, 0.0), row("FR", 0.1, 0.0, inside=True),
                                   row("FR", 0.2, math.nan), row("ddp", 0.05, math.nan)])
     fr = next(s for s in summary if s["family"] == "FR")
-    assert fr["points"] == 3
+    assert (fr["points"], fr["in_spread"]) == (3, 1)
     assert (fr["ratio_median"], fr["ratio_max"]) == pytest.approx((0.2, 0.3))
     assert (fr["gap_median"], fr["gap_max"]) == (0.0, 0.0)
     ddp = next(s for s in summary if s["family"] == "ddp")
@@ -372,8 +392,9 @@ def test_testbed_report_from_raw_files(tmp_path: Path) -> None:
     jobs = sm.load_testbed(tmp_path)
     assert sorted(jobs) == [(2, "200mbit"), (4, "200mbit")]
     text = sm.testbed_report(jobs, tmp_path, 2, LINKS, "cmd")
-    assert "Batch per rank (read from the runs): 512." in text
-    assert "## 4 hosts, 200mbit (out of sample)" in text
-    assert "| out of sample | shadow | 4 |" in text
+    assert "the batch per rank (512)" in text
+    assert "## 2 hosts, 200mbit: in sample" in text  # one 2-host link: nothing to hold out
+    assert "## 4 hosts, 200mbit: other host count" in text
+    assert "| other host count | shadow | 4 | 0.0% | 0.0% | 4/4 |" in text
     with pytest.raises(ValueError, match="no 3-host job"):
         sm.testbed_rows(jobs, fit_hosts=3, links=LINKS)
