@@ -41,16 +41,27 @@ FR_PERIODS = (1, 2, 5, 10, 20, 50)
 SLOWDOWNS = ("null", "0.2", "0.05", "0.02")  # null: back to back
 
 
-def default_arms(algorithm: str, periods: Sequence[int], slowdowns: Sequence[str]
-                 ) -> list[str]:
-    """``bench_sync --arm`` specs: none, ddp, FR-k for each period, shadow for each slowdown."""
+WIRE_TAGS = {"float32": "", "bfloat16": " bf16", "float16": " fp16"}
+
+
+def default_arms(algorithm: str, periods: Sequence[int], slowdowns: Sequence[str],
+                 wires: Sequence[str] = ("float32",)) -> list[str]:
+    """``bench_sync --arm`` specs: none, ddp, then for each wire dtype FR-k for each period and
+    shadow for each slowdown (FR and shadow of one wire dtype send the same bytes a round)."""
     arms = ["none: sync.algorithm=none", "ddp: sync.algorithm=ddp"]
-    arms += [f"FR k={k}: sync.algorithm={algorithm} sync.mode=fixed_rate sync.period={k}"
-             for k in periods]
-    arms += [f"S {'back to back' if s == 'null' else f'{float(s):.0%}'}: "
-             f"sync.algorithm={algorithm} sync.mode=shadow sync.max_slowdown={s}"
-             for s in slowdowns]
+    for wire in wires:
+        tag, opt = WIRE_TAGS[wire], f" sync.wire_dtype={wire}"
+        arms += [f"FR k={k}{tag}: sync.algorithm={algorithm} sync.mode=fixed_rate "
+                 f"sync.period={k}{opt}" for k in periods]
+        arms += [f"S {'back to back' if s == 'null' else f'{float(s):.0%}'}{tag}: "
+                 f"sync.algorithm={algorithm} sync.mode=shadow sync.max_slowdown={s}{opt}"
+                 for s in slowdowns]
     return arms
+
+
+def wire_tag(arm: str) -> str:
+    """The wire-dtype suffix of an arm's name ('' for float32)."""
+    return next((t for t in WIRE_TAGS.values() if t and arm.endswith(t)), "")
 
 
 def job_name(hosts: int, link: str) -> str:
@@ -63,7 +74,8 @@ def run_job(out: Path, hosts: int, link: str, args: argparse.Namespace) -> int:
     argv = ["benchmarks/bench_sync.py", "--config", args.config, "--steps", str(args.steps),
             "--repeats", str(args.repeats), "--seeds", *map(str, args.seeds),
             "--json", str(raw.resolve()),
-            *[f"--arm={a}" for a in default_arms(args.algorithm, args.periods, args.slowdowns)],
+            *[f"--arm={a}" for a in default_arms(args.algorithm, args.periods, args.slowdowns,
+                                                 args.wires)],
             *args.overrides]
     log = (out / "raw" / f"{job_name(hosts, link)}.log").open("w")
 
@@ -117,12 +129,13 @@ def summarize(rows: list[dict[str, Any]], world_size: int) -> list[dict[str, Any
 
 
 def dominance(arms: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """For each FR point: the shadow arms that reach at least its examples/s with at most its
-    mean sync gap, judged on the whole spread (shadow's worst repeat against FR's best) and
-    on medians."""
-    shadow = [a for a in arms if a["arm"].startswith("S ")]
+    """For each FR point: the shadow arms of the same wire dtype (equal bytes a round) that reach
+    at least its examples/s with at most its mean sync gap, judged on the whole spread
+    (shadow's worst repeat against FR's best) and on medians."""
     rows = []
     for fr in (a for a in arms if a["arm"].startswith("FR ")):
+        shadow = [a for a in arms if a["arm"].startswith("S ")
+                  and wire_tag(a["arm"]) == wire_tag(fr["arm"])]
         strict = [s["arm"] for s in shadow
                   if s["gap"] <= fr["gap"] and s["ratio"]["min"] >= fr["ratio"]["max"]]
         median = [s["arm"] for s in shadow
@@ -168,10 +181,15 @@ def plot(link: str, jobs: dict[int, list[dict[str, Any]]], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     markers = {2: "o", 4: "s", 8: "^"}
+    curves = [(prefix, tag, color, f"{label}{tag}")
+              for tag in WIRE_TAGS.values()
+              for prefix, color, label in (
+                  ("FR ", "tab:blue" if not tag else "tab:cyan", "fixed rate (FR-k)"),
+                  ("S ", "tab:red" if not tag else "tab:orange", "shadow (accepted slowdown)"))]
     for hosts, arms in sorted(jobs.items()):
-        for prefix, color, label in (("FR ", "tab:blue", "fixed rate (FR-k)"),
-                                     ("S ", "tab:red", "shadow (accepted slowdown)")):
-            pts = sorted((a for a in arms if a["arm"].startswith(prefix)), key=lambda a: a["gap"])
+        for prefix, tag, color, label in curves:
+            pts = sorted((a for a in arms if a["arm"].startswith(prefix)
+                          and wire_tag(a["arm"]) == tag), key=lambda a: a["gap"])
             if not pts:
                 continue
             xs = [a["gap"] for a in pts]
@@ -232,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--periods", type=int, nargs="+", default=list(FR_PERIODS))
     parser.add_argument("--slowdowns", nargs="+", default=list(SLOWDOWNS),
                         help="shadow arms' sync.max_slowdown values ('null': back to back)")
+    parser.add_argument("--wires", nargs="+", default=["float32"], choices=list(WIRE_TAGS),
+                        help="wire dtypes of the FR and shadow arms (each gets both curves)")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])

@@ -75,3 +75,16 @@ def test_dominance_fails_when_spreads_overlap() -> None:
     # S 5%'s median (0.96) equals FR k=5's median (0.96).
     assert d["FR k=5"]["strict"] == []
     assert d["FR k=5"]["median"] == ["S 5%"]
+
+
+def test_dominance_compares_arms_that_send_the_same_bytes() -> None:
+    """A bfloat16 shadow arm sends half the bytes of a float32 FR arm: it is judged only
+    against FR arms in bfloat16."""
+    rows = [*ROWS, *[run("S 5% bf16", r, e, gap=3) for r, e in enumerate([990, 790, 1240])],
+            *[run("FR k=10 bf16", r, e, gap=10) for r, e in enumerate([950, 760, 1190])]]
+    d = {row["fr"]: row for row in fr.dominance(fr.summarize(rows, world_size=2))}
+    assert d["FR k=10"]["strict"] == ["S 5%"]
+    assert d["FR k=10 bf16"]["strict"] == ["S 5% bf16"]
+    assert [a.split(":")[0] for a in fr.default_arms("ma", [5], ["0.05"],
+                                                     ["float32", "bfloat16"])] == [
+        "none", "ddp", "FR k=5", "S 5%", "FR k=5 bf16", "S 5% bf16"]
