@@ -31,6 +31,7 @@ from torchrec.distributed.types import ShardingEnv
 from shadowsync.pipelines.config import SyncConfig
 from shadowsync.sync.runner import (
     FixedRateSyncRunner,
+    NonFiniteError,
     ShadowSyncRunner,
     SyncError,
     SyncRunner,
@@ -272,7 +273,9 @@ class ShadowSyncReplicas(LocalReplicas):
         try:
             self._runner().step()
         except SyncError as e:
-            if self.cfg.on_failure == "raise":
+            # A NaN/inf replica is the model's failure, not the synchronizer's: degrading
+            # around it would average it into every replica at the rejoin.
+            if self.cfg.on_failure == "raise" or isinstance(e, NonFiniteError):
                 raise
             self._failed = True
             logger.warning("%s; training the local replica (sync.on_failure=degrade)", e)
