@@ -81,7 +81,8 @@ class SyncConfig:
     accepts to lose to synchronization (0.05: keep >= 95%); the runner measures what a round in
     flight costs a step and spaces rounds to stay within it, so the sync gap adapts to the
     link, the CPU and the model. ``min_interval_s`` and ``max_comm_share`` are fixed floors on
-    the spacing. ``wire_dtype`` sends each round's payload in bfloat16 or float16 (differences
+    the spacing (with ``chunk_mb``, ``max_comm_share``'s pause is taken between the chunks).
+    ``wire_dtype`` sends each round's payload in bfloat16 or float16 (differences
     to a rank-identical reference; half the bytes), shadow and fixed-rate alike. ``chunk_mb``
     splits each round's allreduce into collectives of at most that size, so a round never
     queues more than one chunk ahead of the embedding all-to-alls on a shared link.

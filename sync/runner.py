@@ -275,6 +275,10 @@ class SyncRunner(abc.ABC):
         self._chunk_numel = (self._comm.numel() if chunk_bytes is None
                              else max(1, chunk_bytes // self._comm.element_size()))
         self._peers_told = False  # an abort round was spent, or peers cannot be reached
+        # Seconds paused between chunks per second of chunk transfer (shadow's max_comm_share),
+        # and how long the last round paused so.
+        self._chunk_pause = 0.0
+        self._paused_in_round = 0.0
         self._snapshot_step = 0  # the training step the snapshot was taken at
         self._stream: torch.cuda.Stream | None = None
         self._strategy_ready = False
@@ -406,7 +410,7 @@ class SyncRunner(abc.ABC):
         main.wait_stream(self._stream)
 
     def _allreduce(self, comm: Tensor, payload: Tensor | None, *, stop: bool = False,
-                   quiet_s: float = 0.0, abort: bool = False) -> _Control:
+                   quiet_s: float = 0.0, abort: bool = False, paced: bool = False) -> _Control:
         """SUM-allreduce ``payload`` (zeros if None) and the control values through ``comm``:
         whether any rank asked to stop, and the ranks' mean ``quiet_s`` (each rank's proposal
         for the pause before the next round). Raises :class:`PeerAborted` naming the ranks that
@@ -427,14 +431,28 @@ class SyncRunner(abc.ABC):
             if abort:
                 comm[n + _CONTROL + self._rank].fill_(1.0)
             began = time.perf_counter()
+            paused, fastest = 0.0, math.inf
+            chunks = comm.split(self._chunk_numel)
             try:
-                for chunk in comm.split(self._chunk_numel):
+                for i, chunk in enumerate(chunks):
+                    sent = time.perf_counter()
                     dist.all_reduce(chunk, op=dist.ReduceOp.SUM, group=self._group)
+                    if paced and self._chunk_pause > 0 and i + 1 < len(chunks):
+                        # Leave the link to training's own traffic for a while: the round's
+                        # share of link time stays max_comm_share within the round too. The
+                        # fastest chunk so far is the transfer time; a slower one also waited
+                        # for a peer's pause, and pausing on that would feed back.
+                        fastest = min(fastest, time.perf_counter() - sent)
+                        pause = fastest * self._chunk_pause
+                        time.sleep(pause)
+                        paused += pause
             except BaseException:
                 self._peers_told = True  # the group itself is in doubt: no abort round
                 raise
             control = comm[n:].tolist()
-            elapsed = time.perf_counter() - began
+            elapsed = time.perf_counter() - began - paused
+            if paced:
+                self._paused_in_round = paused
         with self._lock:
             self._counters.comm_seconds += elapsed
             self._counters.bytes_reduced += comm.numel() * comm.element_size()
@@ -482,7 +500,8 @@ class SyncRunner(abc.ABC):
         self._check_finite(self._snapshot, "the dense replica")
         with record_function("shadowsync.reduce_input"):
             payload = self._strategy.reduce_input(self._snapshot)
-        control = self._allreduce(self._comm, payload, stop=request_stop, quiet_s=quiet_s)
+        control = self._allreduce(self._comm, payload, stop=request_stop, quiet_s=quiet_s,
+                                  paced=True)
         if control.stop:
             self._peers_told = True  # every rank leaves after this round
         with record_function("shadowsync.delta"):
@@ -706,7 +725,10 @@ class ShadowSyncRunner(SyncRunner):
     time from snapshot to posted delta), and, with ``max_slowdown``, after as many quiet
     training steps as :class:`SlowdownPacer` finds keep the step rate within that budget. Each
     rank proposes that pause in the round's buffer and all take the mean, so the ranks start
-    their next round together. The defaults run rounds back to back.
+    their next round together. With ``chunk_bytes`` the ``max_comm_share`` pause is spread
+    between the chunks (each chunk's transfer time times ``1 / max_comm_share - 1``), so a round
+    never holds a shared link for more than one chunk at a time and training's own traffic gets
+    through in between. The defaults run rounds back to back.
 
     Stopping: :meth:`stop` raises the stop flag in the next round's buffer; every rank's thread
     leaves after that same round (a rank that is still training simply stops receiving syncs).
@@ -750,6 +772,7 @@ class ShadowSyncRunner(SyncRunner):
                              f"got {deadline_s}")
         self._pacer = SlowdownPacer(max_slowdown) if max_slowdown is not None else None
         super().__init__(params, strategy, group, chunk_bytes=chunk_bytes)
+        self._chunk_pause = 1 / max_comm_share - 1
         self._min_interval_s = min_interval_s
         self._max_comm_share = max_comm_share
         self._deadline_s = deadline_s
@@ -939,9 +962,12 @@ class ShadowSyncRunner(SyncRunner):
             self._posted = done
 
     def _pace(self, began: float, ended: float, quiet_s: float) -> None:
-        """Sleep until the next round may start; ``quiet_s`` is the ranks' agreed pause."""
-        busy = ended - began
-        resume = max(began + self._min_interval_s, ended + busy * (1 / self._max_comm_share - 1),
+        """Sleep until the next round may start; ``quiet_s`` is the ranks' agreed pause. The
+        ``max_comm_share`` pause already taken between chunks counts towards this one."""
+        paused = self._paused_in_round
+        busy = ended - began - paused
+        resume = max(began + self._min_interval_s,
+                     ended + busy * (1 / self._max_comm_share - 1) - paused,
                      ended + quiet_s)
         delay = resume - time.perf_counter()
         if delay > 0:
