@@ -64,31 +64,35 @@ def wire_tag(arm: str) -> str:
     return next((t for t in WIRE_TAGS.values() if t and arm.endswith(t)), "")
 
 
-def job_name(hosts: int, link: str) -> str:
-    return f"h{hosts}_{link}"
+def job_name(hosts: int, link: str, tag: str = "") -> str:
+    """``h<hosts>_<link>``, plus ``-<tag>`` for a variant (another batch size, say), which the
+    report shows as a link of its own."""
+    return f"h{hosts}_{link}" + (f"-{tag}" if tag else "")
 
 
-def run_job(out: Path, hosts: int, link: str, args: argparse.Namespace) -> int:
-    """One bench_sync job over every arm on ``hosts`` hosts linked at ``link``."""
-    raw = out / "raw" / f"{job_name(hosts, link)}.json"
+def run_job(out: Path, hosts: int, link: str, args: argparse.Namespace, command: str) -> int:
+    """One bench_sync job over every arm on ``hosts`` hosts linked at ``link``; the sweep's
+    command is kept beside its runs (``<job>.cmd``) for the report."""
+    name = job_name(hosts, link, args.tag)
+    raw = out / "raw" / f"{name}.json"
     argv = ["benchmarks/bench_sync.py", "--config", args.config, "--steps", str(args.steps),
             "--repeats", str(args.repeats), "--seeds", *map(str, args.seeds),
             "--json", str(raw.resolve()),
             *[f"--arm={a}" for a in default_arms(args.algorithm, args.periods, args.slowdowns,
                                                  args.wires)],
             *args.overrides]
-    log = (out / "raw" / f"{job_name(hosts, link)}.log").open("w")
+    (out / "raw" / f"{name}.cmd").write_text(command + "\n")
+    log = (out / "raw" / f"{name}.log").open("w")
 
     def on_line(host: int, line: str) -> None:
         log.write(f"[h{host}] {line}\n")
         if host == 0 and ("examples/s" in line or line.startswith("|")):
-            print(f"  {job_name(hosts, link)}: {line}", flush=True)
+            print(f"  {name}: {line}", flush=True)
 
     began = time.perf_counter()
     with log, Cluster(hosts=hosts, rate=link, name=f"frontier{hosts}") as cluster:
         rc = cluster.launch(argv, on_line=on_line, timeout_s=args.job_timeout_s)
-    print(f"{job_name(hosts, link)}: exit {rc} after {time.perf_counter() - began:.0f} s",
-          flush=True)
+    print(f"{name}: exit {rc} after {time.perf_counter() - began:.0f} s", flush=True)
     return rc
 
 
@@ -218,24 +222,28 @@ def plot(link: str, jobs: dict[int, list[dict[str, Any]]], path: Path) -> None:
     plt.close(fig)
 
 
-def report(out: Path, links: Sequence[str], command: str) -> str:
+def report(out: Path, links: Sequence[str]) -> str:
     """``report.md`` and one plot per link from every raw file under ``out``."""
     sections = []
     by_link: dict[str, dict[int, list[dict[str, Any]]]] = {}
+    commands: dict[tuple[str, int], str] = {}
     for raw in sorted((out / "raw").glob("h*_*.json")):
         hosts_s, link = raw.stem.split("_", 1)
         hosts = int(hosts_s[1:])
         arms = summarize(json.loads(raw.read_text()), hosts)
         by_link.setdefault(link, {})[hosts] = arms
+        cmd = raw.with_suffix(".cmd")
+        commands[(link, hosts)] = cmd.read_text().strip() if cmd.exists() else "(not recorded)"
     order = [link for link in links if link in by_link] + sorted(set(by_link) - set(links))
     for link in order:
         plot(link, by_link[link], out / f"frontier_{link}.png")
         for hosts, arms in sorted(by_link[link].items()):
-            sections.append(f"### {hosts} hosts, links {link}\n\n{table(arms)}\n\n"
+            sections.append(f"### {hosts} hosts, links {link}\n\n"
+                            f"Command: `{commands[(link, hosts)]}`\n\n{table(arms)}\n\n"
                             f"{dominance_table(dominance(arms))}\n")
         sections.append(f"![frontier at {link}](frontier_{link}.png)\n")
-    text = (f"# Frontier: throughput against sync frequency on emulated links\n\n"
-            f"Command: `{command}`\n\n" + "\n".join(sections))
+    text = ("# Frontier: throughput against sync frequency on emulated links\n\n"
+            + "\n".join(sections))
     (out / "report.md").write_text(text)
     return text
 
@@ -260,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-done", action="store_true",
                         help="skip (hosts, link) jobs whose raw JSON exists")
     parser.add_argument("--report-only", action="store_true")
+    parser.add_argument("--tag", default="", help="suffix of this sweep's job names")
     parser.add_argument("overrides", nargs="*", help="overrides common to every arm")
     args = parser.parse_args(argv)
     (args.out / "raw").mkdir(parents=True, exist_ok=True)
@@ -267,10 +276,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report_only:
         for hosts in args.hosts:
             for link in args.links:
-                if args.skip_done and (args.out / "raw" / f"{job_name(hosts, link)}.json").exists():
+                name = job_name(hosts, link, args.tag)
+                if args.skip_done and (args.out / "raw" / f"{name}.json").exists():
                     continue
                 try:
-                    rc = run_job(args.out, hosts, link, args)
+                    rc = run_job(args.out, hosts, link, args, command)
                 except ClusterError as exc:
                     print(f"error: {exc}", file=sys.stderr)
                     return 2
@@ -279,10 +289,10 @@ def main(argv: list[str] | None = None) -> int:
                           file=sys.stderr)
                     return 128 + exc.signum
                 if rc != 0:
-                    print(f"error: job {job_name(hosts, link)} failed (exit {rc}); its log is "
-                          f"{args.out / 'raw' / job_name(hosts, link)}.log", file=sys.stderr)
+                    print(f"error: job {name} failed (exit {rc}); its log is "
+                          f"{args.out / 'raw' / name}.log", file=sys.stderr)
                     return 1
-    print(report(args.out, args.links, command))
+    print(report(args.out, args.links))
     return 0
 
 
