@@ -47,12 +47,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import functools
 import json
 import math
 import re
 import shlex
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -400,62 +401,72 @@ def colocation_note(preset: Mapping[str, Any], net: Network) -> str:
 
 
 # ---------------------------------------------------------------------- testbed
-# The emulated cluster (benchmarks/cluster.py, benchmarks/frontier.py): the same equations with
-# what that testbed is made of. See TESTBED_DOC for the model and predict_testbed for the code.
+# The emulated cluster (benchmarks/cluster.py, benchmarks/frontier.py): the same kind of
+# equations, with what that testbed is made of. TESTBED_DOC is the model, predict_testbed the code.
 TESTBED_DOC = """\
 Testbed mode (``--testbed DIR``): predicts the frontier benchmark's arms on the emulated cluster
-from its ``none`` arm and the link rate, with three constants fitted on the 2-host jobs only, so
-the 4-host error is out of sample. Per (hosts N, link), per rank (seconds, bytes)::
+from each job's ``none`` arm and its link, with constants fitted on the 2-host jobs only. Per
+(hosts N, link), per rank (seconds, bytes)::
 
     measured  T0 = N * batch / (none's examples/s)     the step without synchronization
-                                                         (batch: examples/s * train_seconds
-                                                         / (N * steps), per rank)
+                                                         (batch = examples/s * train_seconds
+                                                         / (N * steps))
               w  = none's link bytes per host per step   (embedding all-to-alls)
-              S  = bytes handed to one round's allreduce (sync_bytes_reduced / (rounds + 1))
-    link      beta = min(eta * tbf rate, B_cpu * N_probe / N)     (unlimited: the second term)
-              eta: what gloo gets of a tbf rate and B_cpu the bandwidth of an unlimited link,
-              both from the cluster probe (--link-efficiency, --unlimited-MBps); every host
-              shares the same CPU cores, so an unlimited link is CPU-bound and its share of
-              those cores shrinks as 1/N
+              S  = bytes of one round's allreduce        (sync_bytes_reduced / (rounds + 1))
+    given     B  = eta * tbf rate                        what gloo gets of a link (probe)
+              Bc = B_cpu * N_probe / N                   what the shared cores move per host
+                                                         (an unlimited link's probe, shared)
+              L  = the tbf queue's latency limit         (cluster.py)
+    derived   beta = min(B, Bc)                          (unlimited: Bc)
               A  = 2 (N-1)/N * S / beta                  ring allreduce; links add no delay
-              Ac = 2 (N-1)/N * S / (B_cpu N_probe / N)   the CPU work of moving those bytes
-                                                         (kernel, veth, bridge): the same
-                                                         allreduce on a CPU-bound link
-              X  = w / beta                              all-to-all time inside T0
-              Tc = T0 - X                                compute inside T0
-    fitted    rho, delta, kappa (2-host jobs): the cores are shared by every host, so CPU work
-              is counted in compute steps Tc, which stretch with N just as that work does
-              r = rho Tc                                 one round's CPU work (copies, gloo's
-                                                         reduction, strategy math, apply)
+              Ac = 2 (N-1)/N * S / Bc                    the CPU work of moving those bytes
+              X  = w / beta,  Tc = T0 - X                all-to-all and compute inside T0
+              Q  = min(L, (S/N) / B) if B < Bc, else 0   the wait behind one ring chunk in a
+                                                         link's FIFO queue (tbf), where the
+                                                         link and not the CPU is the limit
+    fitted    on the 2-host jobs; CPU work in compute steps Tc, since every host shares the
+              same cores and such work stretches with N as Tc does:
+              rho    one round's CPU work r = rho Tc     FR arms' ratios
+              delta  DDP's own cost delta Tc             ddp's ratio
+              lam    the background allreduce's wait     shadow arms' allreduce times
+                     for the cores, lam Tc
+              kappa  share of r + Ac training pays       shadow arms' ratios and gaps
+              q      exchanges a step that queue behind  shadow arms' ratios and gaps
+                     a round's bytes
     ddp       T = T0 + delta Tc + A                      no overlap with backward (worst case)
     FR-k      T = T0 + m/steps * (r + A)                 m = floor((steps-1)/k) + 1 rounds
               gap = (1 + (m-1) k) / m                    rounds after steps 1, k+1, 2k+1, ...
-    shadow    R = r + A (1 + X/T0)                       a round's duration: the allreduce
+    shadow    Ab = A (1 + X/T0) + lam Tc                 the allreduce in the background: it
                                                          shares the link with the all-to-alls
-              C = kappa (r + Ac) + X A / T0              what one round costs training: kappa
-                                                         of its CPU work (moving its bytes
-                                                         included: FR waits for the link
-                                                         anyway, shadow trains meanwhile),
-                                                         and the all-to-alls slowed while
-                                                         they share the link
-              back to back: T = T0 + C / g, g = max(1, R/T + 1/2)   (solved together; a
-                            delta waits for the next step boundary, half a step on average)
-              max_slowdown s: the pacer keeps rounds back to back while C / (g T0) <= s, else
-                            T = T0 (1 + s), g = C / (s T0)   (busy steps n_b a round, each
-                            costing c_b = C / (n_b T0), a busy share f = s / c_b of the
-                            steps: n_b / f steps between rounds)
-    ratio = T0 / T                                       (none's ratio is 1 by construction)
+                                                         and waits for the cores
+              R  = r + Ab                                a round's duration
+              back to back: T = T0 + kappa (r + Ac) / g + q Q min(1, Ab / (g T)),
+                            g = max(1, R/T + 1/2)        (solved together: a delta waits for
+                            the next step boundary, half a step on average; a share
+                            Ab / (g T) of the steps run while the link carries a round)
+              C  = g (T - T0)                            what one round costs training
+              max_slowdown s: rounds stay back to back while C / (g T0) <= s; otherwise the
+                            pacer spaces them g_s = C / (s T0) steps apart (n_b busy steps a
+                            round, each costing c = C / (n_b T0), busy share s / c) and
+                            T = T0 (1 + s)
+              gap as measured = steps / rounds: rounds start at step 1, the second g_1 later
+                            (g_1 = g, or g + 3 with a pacer: it waits 3 steps to have a quiet
+                            step to compare with), then every g_s; stop() adds one
+    ratio = T0 / T
 
-Also shown for shadow: the ratio the cost model gives at the *measured* gap, T0 / (T0 + C/g),
-which separates the cost model's error from the pacer's choice of gap.
+Also shown for shadow: the ratio at the *measured* gap, T0 / (T0 + C / gap), which separates
+the cost model's error from the pacer's choice of gap.
 """
 
 # The cluster probe (2 hosts, 8 MB gloo allreduce): 119 of 125 MB/s at 1gbit, 23.5 of 25 MB/s
-# at 200mbit, and 0.5-0.9 GB/s on unlimited links (CPU-bound).
+# at 200mbit, and 0.5-0.9 GB/s on unlimited links (CPU-bound); cluster.py's tbf latency.
 TESTBED_LINK_EFFICIENCY = 0.95
 TESTBED_UNLIMITED_MBPS = 600.0
 TESTBED_PROBE_HOSTS = 2
+TESTBED_TBF_LATENCY_S = 0.1
 TESTBED_FAMILIES = ("ddp", "FR", "shadow")
+PACER_FIRST_QUIET_STEPS = 3  # SlowdownPacer.quiet_seconds before any quiet step is measured
+QUEUED_MAX = 4.0  # search bound of q: a step has a handful of exchanges, not more
 _LINK_RATE = re.compile(r"^(\d+(?:\.\d+)?)(kbit|mbit|gbit)$")
 _LINK_UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
 
@@ -472,22 +483,39 @@ def link_rate_Bps(link: str) -> float | None:
 
 @dataclasses.dataclass(frozen=True)
 class TestbedLinks:
-    """How the emulated links are described to the model (see TESTBED_DOC): both numbers come
-    from the cluster probe, not from the frontier runs the model is checked against."""
+    """How the emulated links are described to the model (see TESTBED_DOC): the numbers come
+    from the cluster probe and cluster.py, not from the frontier runs the model is checked
+    against."""
 
     efficiency: float = TESTBED_LINK_EFFICIENCY
     unlimited_Bps: float = TESTBED_UNLIMITED_MBPS * 1e6
     probe_hosts: int = TESTBED_PROBE_HOSTS
+    tbf_latency_s: float = TESTBED_TBF_LATENCY_S
 
     def cpu_Bps(self, hosts: int) -> float:
-        """Per-host bandwidth the shared cores can move: the probe's, split among the hosts."""
+        """Bc: what the shared cores move per host, the probe's rate split among the hosts."""
         return self.unlimited_Bps * self.probe_hosts / hosts
 
-    def bandwidth_Bps(self, link: str, hosts: int) -> float:
-        """Per-host bandwidth: the tbf rate as gloo gets it, capped by the CPU's share."""
+    def link_Bps(self, link: str) -> float | None:
+        """B: the tbf rate as gloo gets it; None for an unlimited link."""
         rate = link_rate_Bps(link)
+        return None if rate is None else self.efficiency * rate
+
+    def bandwidth_Bps(self, link: str, hosts: int) -> float:
+        """beta: the link's rate, capped by what the cores move."""
+        rate = self.link_Bps(link)
         cpu = self.cpu_Bps(hosts)
-        return cpu if rate is None else min(self.efficiency * rate, cpu)
+        return cpu if rate is None else min(rate, cpu)
+
+    def queue_s(self, link: str, hosts: int, round_bytes: float) -> float:
+        """Q: how long a message waits behind a round's bytes in the link's FIFO queue. A ring
+        keeps one chunk (S/N) in flight per host; tbf drops what would wait longer than its
+        latency limit, so the wait is capped there. No queue builds where the cores, not the
+        token bucket, are the limit (unlimited links, and rates above what the cores move)."""
+        rate = self.link_Bps(link)
+        if rate is None or rate >= self.cpu_Bps(hosts):
+            return 0.0
+        return min(self.tbf_latency_s, round_bytes / hosts / rate)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -594,8 +622,8 @@ def measure_testbed(rows: Sequence[Mapping[str, Any]], hosts: int
 
 @dataclasses.dataclass(frozen=True)
 class TestbedJob:
-    """What the model takes from one (hosts, link) job's measurement, and the bandwidth it is
-    told; everything else about the job's arms is predicted."""
+    """What the model takes from one (hosts, link) job's measurement, and what it is told about
+    the link; everything else about the job's arms is predicted."""
 
     hosts: int
     link: str
@@ -604,7 +632,8 @@ class TestbedJob:
     bandwidth_Bps: float  # beta
     round_bytes: float  # S
     a2a_s: float  # X
-    cpu_Bps: float  # what the shared cores can move per host, B_cpu N_probe / N
+    cpu_Bps: float  # Bc
+    queue_s: float  # Q
 
     @property
     def compute_s(self) -> float:
@@ -631,30 +660,36 @@ def testbed_job(hosts: int, link: str, measured_arms: Mapping[str, TestbedMeasur
     sizes = [m.round_bytes for m in measured_arms.values() if not math.isnan(m.round_bytes)]
     if not sizes:
         raise ValueError(f"{hosts} hosts, {link}: no arm synchronized, so no round size")
+    size = _median(sizes)
     wire = 0.0 if math.isnan(none.wire_bytes_per_step) else none.wire_bytes_per_step
     return TestbedJob(hosts=hosts, link=link, steps=none.steps,
                       step_s=hosts * none.batch_size / none.examples_per_s, bandwidth_Bps=beta,
-                      round_bytes=_median(sizes), a2a_s=wire / beta,
-                      cpu_Bps=links.cpu_Bps(hosts))
+                      round_bytes=size, a2a_s=wire / beta, cpu_Bps=links.cpu_Bps(hosts),
+                      queue_s=links.queue_s(link, hosts, size))
 
 
 @dataclasses.dataclass(frozen=True)
 class TestbedConstants:
-    """The fitted constants (see TESTBED_DOC), in compute steps so they carry across host
-    counts on shared cores; ``kappa`` is the share of a shadow round's CPU work that training
-    pays (0: a core to spare; 1: all of it)."""
+    """The fitted constants (TESTBED_DOC): CPU work in compute steps, so that it carries across
+    host counts on shared cores. ``kappa`` is the share of a background round's CPU work that
+    training pays (0: a core to spare; 1: all of it); ``queued`` (q) the exchanges of a step
+    that wait behind a round's bytes in a link's queue."""
 
     rho: float
     delta: float
     kappa: float
+    stretch: float = 0.0  # lam
+    queued: float = 0.0  # q
 
 
 @dataclasses.dataclass(frozen=True)
 class TestbedPrediction:
     ratio: float
-    gap: float  # NaN for none and ddp
+    gap: float  # as measured over the run's steps; NaN for none and ddp
     step_s: float
     round_cost_s: float  # what one round costs training (FR: r + A; shadow: C); NaN otherwise
+    allreduce_s: float  # one round's allreduce (shadow: in the background); NaN for none
+    steady_gap: float  # shadow: steps between rounds once the pacer has settled
 
     def ratio_at_gap(self, job: TestbedJob, gap: float) -> float:
         """The ratio the cost model gives if rounds came every ``gap`` steps."""
@@ -679,48 +714,63 @@ def shadow_gap(duration: float, step: float) -> float:
     return max(1.0, duration / step + 0.5)
 
 
-def _back_to_back(t0: float, cost: float, duration: float) -> tuple[float, float]:
-    """(T, g) solving T = T0 + C / g with g = shadow_gap(R, T), by bisection on [T0, T0 + C].
+def _back_to_back(t0: float, cpu_cost: float, queue_cost: float, background_s: float,
+                  duration: float) -> tuple[float, float]:
+    """(T, g) solving T = T0 + cpu_cost / g + queue_cost * min(1, Ab / (g T)), with
+    g = shadow_gap(R, T), by bisection on [T0, T0 + cpu_cost + queue_cost]: the difference is
+    <= 0 at T0 and >= 0 at the top (g >= 1, the share <= 1), so a root lies between."""
 
-    ``T - T0 - C/g(T)`` grows with T when C <= R (its slope is ``1 - C R / (T g)^2`` and
-    ``T g > R``), so the root is unique; C <= R holds for kappa <= 1 (a round cannot cost
-    training more than it lasts).
-    """
-    if cost <= 0:
-        return t0, shadow_gap(duration, t0)
-    lo, hi = t0, t0 + cost
-    for _ in range(60):  # to 2^-60 of C
-        mid = (lo + hi) / 2
-        if mid - t0 - cost / shadow_gap(duration, mid) < 0:
-            lo = mid
-        else:
-            hi = mid
+    def excess(step: float) -> float:
+        g = shadow_gap(duration, step)
+        return step - t0 - cpu_cost / g - queue_cost * min(1.0, background_s / (g * step))
+
+    lo, hi = t0, t0 + cpu_cost + queue_cost
+    if hi > lo:
+        for _ in range(60):  # to 2^-60 of the interval
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if excess(mid) < 0 else (lo, mid)
     step = (lo + hi) / 2
     return step, shadow_gap(duration, step)
 
 
+def shadow_rounds(steps: int, first_gap: float, gap: float) -> int:
+    """Rounds a shadow run of ``steps`` steps completes: the first starts at step 1, the second
+    ``first_gap`` steps later, then one every ``gap`` steps until training ends, and stop()
+    runs one more (its stop flag rides in a round's buffer)."""
+    started, second = 1, 1 + first_gap
+    if second < steps:
+        started += math.ceil((steps - second) / gap)
+    return started + 1
+
+
 def predict_testbed(arm: TestbedArm, job: TestbedJob, k: TestbedConstants) -> TestbedPrediction:
     """The model's ratio to ``none`` and sync gap of ``arm`` in ``job`` (TESTBED_DOC)."""
-    t0, a = job.step_s, job.allreduce_s
-    r = k.rho * job.compute_s
+    t0, a, tc = job.step_s, job.allreduce_s, job.compute_s
+    r = k.rho * tc
+    nan = math.nan
     if arm.kind == "none":
-        return TestbedPrediction(1.0, math.nan, t0, math.nan)
+        return TestbedPrediction(1.0, nan, t0, nan, nan, nan)
     if arm.kind == "ddp":
-        step = t0 + k.delta * job.compute_s + a
-        return TestbedPrediction(t0 / step, math.nan, step, math.nan)
+        step = t0 + k.delta * tc + a
+        return TestbedPrediction(t0 / step, nan, step, nan, a, nan)
     if arm.kind == "fixed_rate":
         assert arm.period is not None
         m = fr_rounds(job.steps, arm.period)
         step = t0 + m / job.steps * (r + a)
-        return TestbedPrediction(t0 / step, (1 + (m - 1) * arm.period) / m, step, r + a)
-    x = job.a2a_s
-    duration = r + a * (1 + x / t0)
-    cost = k.kappa * (r + job.transfer_cpu_s) + x * a / t0
-    step, gap = _back_to_back(t0, cost, duration)
+        gap = (1 + (m - 1) * arm.period) / m
+        return TestbedPrediction(t0 / step, gap, step, r + a, a, gap)
+    background = a * (1 + job.a2a_s / t0) + k.stretch * tc
+    step, gap = _back_to_back(t0, k.kappa * (r + job.transfer_cpu_s), k.queued * job.queue_s,
+                              background, r + background)
+    cost = gap * (step - t0)
+    steady, first = gap, gap
     s = arm.max_slowdown
-    if s is not None and cost / (gap * t0) > s:
-        step, gap = t0 * (1 + s), cost / (s * t0)
-    return TestbedPrediction(t0 / step, gap, step, cost)
+    if s is not None:
+        first = gap + PACER_FIRST_QUIET_STEPS
+        if cost / (gap * t0) > s:
+            step, steady = t0 * (1 + s), cost / (s * t0)
+    rounds = shadow_rounds(job.steps, first, steady)
+    return TestbedPrediction(t0 / step, job.steps / rounds, step, cost, background, steady)
 
 
 def load_testbed(directory: Path) -> dict[tuple[int, str], list[dict[str, Any]]]:
@@ -739,18 +789,28 @@ def _weighted_ls(a: Sequence[float], b: Sequence[float]) -> float:
     return max(0.0, -sum(u * v for u, v in zip(a, b, strict=True)) / den) if den else 0.0
 
 
+def _golden(loss: Callable[[float], float], lo: float, hi: float, iterations: int = 40
+            ) -> float:
+    """The minimum of a unimodal ``loss`` on [lo, hi] by golden-section search."""
+    for _ in range(iterations):
+        m1, m2 = lo + (hi - lo) * 0.382, lo + (hi - lo) * 0.618
+        lo, hi = (lo, m2) if loss(m1) <= loss(m2) else (m1, hi)
+    return (lo + hi) / 2
+
+
 Fitted = list[tuple[TestbedArm, TestbedJob, TestbedMeasured]]
-# kappa above 1 means a background round costs training more than its own CPU work: the other
-# hosts' rounds share the same cores, and threads oversubscribe them.
-KAPPA_MAX = 4
 
 
 def fit_testbed(points: Fitted) -> TestbedConstants:
-    """rho from the FR arms, delta from ddp (both closed-form least squares on the relative error
-    of the step time, which is linear in them), then kappa from the shadow arms' ratios and gaps
-    (a bounded 1-D search: neither is linear in it). The gaps weigh in because a paced arm's
-    ratio is the pacer's target whatever a round costs; its gap is where the cost shows."""
-    a_fr, b_fr, a_ddp, b_ddp = [], [], [], []
+    """The constants from measured points (pass the 2-host ones only).
+
+    rho from the FR arms, delta from ddp, lam from the shadow arms' measured allreduce times:
+    closed-form least squares on relative errors, the quantities being linear in them. Then
+    kappa and q from the shadow arms' ratios and gaps together, on a grid refined by
+    coordinate search (neither is linear in them). The gaps weigh in because a paced arm's
+    ratio is the pacer's target whatever a round costs; its gap is where the cost shows.
+    """
+    a_fr, b_fr, a_ddp, b_ddp, a_bg, b_bg = [], [], [], [], [], []
     for arm, job, m in points:
         measured_step = job.step_s / m.ratio
         if arm.kind == "fixed_rate":
@@ -761,11 +821,18 @@ def fit_testbed(points: Fitted) -> TestbedConstants:
         elif arm.kind == "ddp":
             a_ddp.append((job.step_s + job.allreduce_s - measured_step) / measured_step)
             b_ddp.append(job.compute_s / measured_step)
-    rho, delta = _weighted_ls(a_fr, b_fr), _weighted_ls(a_ddp, b_ddp)
+        elif arm.kind == "shadow" and m.comm_per_round_s > 0:
+            shared = job.allreduce_s * (1 + job.a2a_s / job.step_s)
+            a_bg.append((shared - m.comm_per_round_s) / m.comm_per_round_s)
+            b_bg.append(job.compute_s / m.comm_per_round_s)
+    rho, delta, stretch = (_weighted_ls(a_fr, b_fr), _weighted_ls(a_ddp, b_ddp),
+                           _weighted_ls(a_bg, b_bg))
     shadow = [(arm, job, m) for arm, job, m in points if arm.kind == "shadow"]
+    if not shadow:
+        return TestbedConstants(rho, delta, 0.0, stretch, 0.0)
 
-    def loss(kappa: float) -> float:
-        k = TestbedConstants(rho, delta, kappa)
+    def loss(kappa: float, queued: float) -> float:
+        k = TestbedConstants(rho, delta, kappa, stretch, queued)
         total = 0.0
         for arm, job, m in shadow:
             p = predict_testbed(arm, job, k)
@@ -774,13 +841,14 @@ def fit_testbed(points: Fitted) -> TestbedConstants:
                 total += math.log(p.gap / m.gap) ** 2
         return total
 
-    grid = [i / 50 for i in range(KAPPA_MAX * 50 + 1)]
-    best = min(grid, key=loss) if shadow else 0.0
-    lo, hi = max(0.0, best - 0.02), min(float(KAPPA_MAX), best + 0.02)
-    for _ in range(60):  # golden-section refinement around the best grid point
-        m1, m2 = lo + (hi - lo) * 0.382, lo + (hi - lo) * 0.618
-        lo, hi = (lo, m2) if loss(m1) <= loss(m2) else (m1, hi)
-    return TestbedConstants(rho, delta, (lo + hi) / 2 if shadow else 0.0)
+    grid = [(i / 10, j / 4) for i in range(11) for j in range(int(QUEUED_MAX * 4) + 1)]
+    kappa, queued = min(grid, key=lambda kq: loss(*kq))
+    for _ in range(3):  # coordinate search around the best grid point
+        kappa = _golden(functools.partial(lambda x, q: loss(x, q), q=queued),
+                        max(0.0, kappa - 0.1), min(1.0, kappa + 0.1))
+        queued = _golden(functools.partial(loss, kappa),
+                         max(0.0, queued - 0.25), min(QUEUED_MAX, queued + 0.25))
+    return TestbedConstants(rho, delta, kappa, stretch, queued)
 
 
 def _rel(predicted: float, measured: float) -> float:
@@ -831,15 +899,15 @@ def _testbed_row(arm: TestbedArm, job: TestbedJob, m: TestbedMeasured, role: str
                  k: TestbedConstants) -> dict[str, Any]:
     """Predicted vs measured for one arm of one job under one role's constants."""
     p = predict_testbed(arm, job, k)
+    at_gap = p.ratio_at_gap(job, m.gap) if arm.kind == "shadow" else math.nan
     return {
         "hosts": job.hosts, "link": job.link, "arm": arm.name, "family": arm.family,
         "role": role,
         "ratio_measured": m.ratio, "ratio_min": m.ratio_min, "ratio_max": m.ratio_max,
         "ratio_predicted": p.ratio, "ratio_error": _rel(p.ratio, m.ratio),
         "gap_measured": m.gap, "gap_predicted": p.gap, "gap_error": _rel(p.gap, m.gap),
-        "ratio_at_measured_gap": (p.ratio_at_gap(job, m.gap) if arm.kind == "shadow"
-                                  else math.nan),
-        "allreduce_measured_s": m.comm_per_round_s, "allreduce_predicted_s": job.allreduce_s,
+        "ratio_at_measured_gap": at_gap, "at_gap_error": _rel(at_gap, m.ratio),
+        "allreduce_measured_s": m.comm_per_round_s, "allreduce_predicted_s": p.allreduce_s,
         "runs": m.runs,
         # rounding aside: one repeat makes min = max = the measurement
         "in_spread": m.ratio_min * (1 - 1e-9) <= p.ratio <= m.ratio_max * (1 + 1e-9),
@@ -847,7 +915,8 @@ def _testbed_row(arm: TestbedArm, job: TestbedJob, m: TestbedMeasured, role: str
 
 
 def testbed_summary(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Median and max |relative error| of ratio and gap, per role and arm family."""
+    """Median and max |relative error| of ratio, gap and (shadow) the ratio at the measured
+    gap, per role and arm family; and how many predicted ratios fall in the measured spread."""
     out = []
     for role in TESTBED_ROLES:
         for family in TESTBED_FAMILIES:
@@ -856,7 +925,7 @@ def testbed_summary(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 continue
             entry: dict[str, Any] = {"role": role, "family": family, "points": len(mine),
                                      "in_spread": sum(bool(r["in_spread"]) for r in mine)}
-            for what in ("ratio", "gap"):
+            for what in ("ratio", "gap", "at_gap"):
                 errors = [abs(r[f"{what}_error"]) for r in mine
                           if not math.isnan(r[f"{what}_error"])]
                 entry[f"{what}_median"] = _median(errors) if errors else math.nan
@@ -906,10 +975,11 @@ def testbed_report(jobs: Mapping[tuple[int, str], Sequence[Mapping[str, Any]]],
         "all-to-alls), the bytes of one round (S), the batch per rank "
         f"({', '.join(map(str, batches))}). Given: the link's tbf rate at "
         f"{links.efficiency:g} efficiency, an unlimited link = {links.unlimited_Bps / 1e6:g} MB/s "
-        f"per host at {links.probe_hosts} hosts (both from the cluster probe). Fitted: rho, "
-        f"delta, kappa on the {fit_hosts}-host jobs. Predicted: every other arm's ratio to "
-        "`none` and its sync gap. The pacer's own telemetry (round cost, busy share) and the "
-        "measured allreduce times are not inputs; the allreduce times are shown as a check.", "",
+        f"per host at {links.probe_hosts} hosts (both from the cluster probe), the tbf queue's "
+        f"latency limit {links.tbf_latency_s:g} s (cluster.py). Fitted on the {fit_hosts}-host "
+        "jobs: the five constants below. Predicted: every other arm's ratio to `none` and its "
+        "sync gap, and the shadow allreduce's time. The pacer's own telemetry (round cost, "
+        "busy share) is not an input.", "",
         "Roles: *in sample*: constants fitted on every "
         f"{fit_hosts}-host job, checked on them. *link held out*: each {fit_hosts}-host job "
         "predicted from constants fitted on the other links' jobs. *other host count*: jobs "
@@ -919,20 +989,27 @@ def testbed_report(jobs: Mapping[tuple[int, str], Sequence[Mapping[str, Any]]],
         f"Constants fitted on every {fit_hosts}-host job (the held-out predictions refit "
         "without their link):", "",
         "| constant | value | fitted on |", "|---|---:|---|",
-        f"| rho, one round's CPU work in compute steps | {k.rho:.3f} | FR arms' ratios |",
-        f"| delta, DDP's own cost in compute steps | {k.delta:.3f} | ddp's ratio |",
-        f"| kappa, share of a shadow round's CPU work training pays | {k.kappa:.3f} | "
+        f"| rho, one round's CPU work, compute steps | {k.rho:.3f} | FR arms' ratios |",
+        f"| delta, DDP's own cost, compute steps | {k.delta:.3f} | ddp's ratio |",
+        f"| lam, background allreduce's wait for the cores, compute steps | {k.stretch:.3f} | "
+        "shadow arms' allreduce times |",
+        f"| kappa, share of a round's CPU work training pays | {k.kappa:.3f} | "
+        "shadow arms' ratios and gaps |",
+        f"| q, exchanges a step that queue behind a round | {k.queued:.3f} | "
         "shadow arms' ratios and gaps |", "",
         "## Summary: |relative error| per role and arm family", "",
-        "*in spread*: predictions inside the measured [min, max] of the ratio over repeats.", "",
+        "*in spread*: predicted ratios inside the measured [min, max] over repeats. *at gap*: "
+        "the shadow ratio the cost model gives at the measured gap.", "",
         "| role | family | points | ratio: median | ratio: max | in spread | gap: median | "
-        "gap: max |", "|---|---|---:|---:|---:|---:|---:|---:|",
+        "gap: max | at gap: median | at gap: max |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for s in testbed_summary(rows):
         parts.append(f"| {s['role']} | {s['family']} | {s['points']} | "
                      f"{_abs_pct(s['ratio_median'])} | {_abs_pct(s['ratio_max'])} | "
                      f"{s['in_spread']}/{s['points']} | "
-                     f"{_abs_pct(s['gap_median'])} | {_abs_pct(s['gap_max'])} |")
+                     f"{_abs_pct(s['gap_median'])} | {_abs_pct(s['gap_max'])} | "
+                     f"{_abs_pct(s['at_gap_median'])} | {_abs_pct(s['at_gap_max'])} |")
     parts += ["", "FR gaps follow from k and the step count, so their error is ~0 by "
               "construction; the shadow gaps are the model's.", ""]
     for (hosts, link) in sorted({(r["hosts"], r["link"]) for r in rows},
@@ -952,7 +1029,7 @@ def testbed_report(jobs: Mapping[tuple[int, str], Sequence[Mapping[str, Any]]],
                 f"{_pct(r['ratio_error'])} | {_num(r['gap_measured'], 2)} | "
                 f"{_num(r['gap_predicted'], 2)} | {_pct(r['gap_error'])} | "
                 f"{_num(r['ratio_at_measured_gap'])} | {_num(r['allreduce_measured_s'])} / "
-                f"{r['allreduce_predicted_s']:.3f} |")
+                f"{_num(r['allreduce_predicted_s'])} |")
         parts += [*job_rows, ""]
     return "\n".join(parts)
 
