@@ -85,6 +85,10 @@ def test_dominance_compares_arms_that_send_the_same_bytes() -> None:
     d = {row["fr"]: row for row in fr.dominance(fr.summarize(rows, world_size=2))}
     assert d["FR k=10"]["strict"] == ["S 5%"]
     assert d["FR k=10 bf16"]["strict"] == ["S 5% bf16"]
-    assert [a.split(":")[0] for a in fr.default_arms("ma", [5], ["0.05"],
-                                                     ["float32", "bfloat16"])] == [
+    arms = fr.default_arms("ma", [5], ["5%: sync.max_slowdown=0.05"], ["float32", "bfloat16"],
+                           "sync.chunk_mb=1")
+    assert [a.split(":")[0] for a in arms] == [
         "none", "ddp", "FR k=5", "S 5%", "FR k=5 bf16", "S 5% bf16"]
+    assert arms[-1].split() == ["S", "5%", "bf16:", "sync.algorithm=ma", "sync.mode=shadow",
+                                "sync.max_slowdown=0.05", "sync.chunk_mb=1",
+                                "sync.wire_dtype=bfloat16"]
