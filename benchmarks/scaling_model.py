@@ -413,9 +413,11 @@ from each job's ``none`` arm and its link, with constants fitted on the 2-host j
                                                          / (N * steps))
               w  = none's link bytes per host per step   (embedding all-to-alls)
               S  = bytes of one round's allreduce        (sync_bytes_reduced / (rounds + 1))
-    given     B  = eta * tbf rate                        what gloo gets of a link (probe)
+    link      B  = eta * tbf rate                        what gloo gets of a link
               Bc = B_cpu * N_probe / N                   what the shared cores move per host
-                                                         (an unlimited link's probe, shared)
+              eta, B_cpu: fitted to the 2-host FR arms' allreduce times (blocking rounds: the
+              link's own speed while training waits), on links where the token bucket,
+              resp. the cores, is the limit; the cluster probe's values where none ran
               L  = the tbf queue's latency limit         (cluster.py)
     derived   beta = min(B, Bc)                          (unlimited: Bc)
               A  = 2 (N-1)/N * S / beta                  ring allreduce; links add no delay
@@ -483,9 +485,9 @@ def link_rate_Bps(link: str) -> float | None:
 
 @dataclasses.dataclass(frozen=True)
 class TestbedLinks:
-    """How the emulated links are described to the model (see TESTBED_DOC): the numbers come
-    from the cluster probe and cluster.py, not from the frontier runs the model is checked
-    against."""
+    """How the emulated links are described to the model (see TESTBED_DOC). The defaults are
+    the cluster probe's (idle hosts); :func:`calibrate_links` refits ``efficiency`` and
+    ``unlimited_Bps`` to allreduces timed during training."""
 
     efficiency: float = TESTBED_LINK_EFFICIENCY
     unlimited_Bps: float = TESTBED_UNLIMITED_MBPS * 1e6
@@ -666,6 +668,31 @@ def testbed_job(hosts: int, link: str, measured_arms: Mapping[str, TestbedMeasur
                       step_s=hosts * none.batch_size / none.examples_per_s, bandwidth_Bps=beta,
                       round_bytes=size, a2a_s=wire / beta, cpu_Bps=links.cpu_Bps(hosts),
                       queue_s=links.queue_s(link, hosts, size))
+
+
+def calibrate_links(measured: Mapping[tuple[int, str], Mapping[str, TestbedMeasured]],
+                    links: TestbedLinks) -> TestbedLinks:
+    """``links`` with eta and B_cpu fitted to the FR arms' allreduce times (medians of the
+    rates they achieved), each kept where no FR arm ran on a link of its kind. An FR round
+    blocks training, so its allreduce time is the link's own, under the load of training
+    (the probe times idle hosts). Which links the cores limit depends on B_cpu: classified
+    again with the fitted value."""
+    for _ in range(2):
+        efficiency, cpu = [], []
+        for (hosts, link), arms in measured.items():
+            rate = link_rate_Bps(link)
+            for name, m in arms.items():
+                if parse_testbed_arm(name).kind != "fixed_rate" or not m.comm_per_round_s > 0:
+                    continue
+                achieved = 2 * (hosts - 1) / hosts * m.round_bytes / m.comm_per_round_s
+                if rate is not None and links.efficiency * rate < links.cpu_Bps(hosts):
+                    efficiency.append(achieved / rate)
+                else:
+                    cpu.append(achieved * hosts / links.probe_hosts)
+        links = dataclasses.replace(
+            links, efficiency=_median(efficiency) if efficiency else links.efficiency,
+            unlimited_Bps=_median(cpu) if cpu else links.unlimited_Bps)
+    return links
 
 
 @dataclasses.dataclass(frozen=True)
@@ -859,40 +886,52 @@ IN_SAMPLE, LINK_HELD_OUT, OTHER_HOSTS = "in sample", "link held out", "other hos
 TESTBED_ROLES = (IN_SAMPLE, LINK_HELD_OUT, OTHER_HOSTS)
 
 
+def _points(measured: Mapping[tuple[int, str], Mapping[str, TestbedMeasured]],
+            links: TestbedLinks) -> Fitted:
+    """(arm, job, measurement) for every arm but ``none`` of the given jobs."""
+    points = []
+    for (hosts, link), arms in sorted(measured.items()):
+        job = testbed_job(hosts, link, arms, links)
+        points += [(parse_testbed_arm(name), job, m) for name, m in arms.items() if name != "none"]
+    return points
+
+
 def testbed_rows(jobs: Mapping[tuple[int, str], Sequence[Mapping[str, Any]]], fit_hosts: int,
-                 links: TestbedLinks) -> tuple[TestbedConstants, list[dict[str, Any]]]:
-    """One row per (job, arm but ``none``, role), each role an honest use of the constants:
+                 links: TestbedLinks
+                 ) -> tuple[TestbedLinks, TestbedConstants, list[dict[str, Any]]]:
+    """The links and constants fitted on every ``fit_hosts`` job, and one row per (job, arm but
+    ``none``, role), each role an honest use of a fit:
 
     * in sample: fitted on every ``fit_hosts`` job, checked on those same jobs;
-    * link held out: each ``fit_hosts`` job predicted from constants fitted on the others
-      (with at least two such jobs);
-    * other host count: every other job, predicted from the constants fitted on all
-      ``fit_hosts`` jobs: the extrapolation the model is for.
+    * link held out: each ``fit_hosts`` job predicted from links and constants fitted on the
+      others (with at least two such jobs);
+    * other host count: every other job, predicted from the fit on all ``fit_hosts`` jobs:
+      the extrapolation the model is for.
     """
-    prepared = []
-    for (hosts, link), rows in sorted(jobs.items()):
-        measured_arms = measure_testbed(rows, hosts)
-        job = testbed_job(hosts, link, measured_arms, links)
-        for name, m in measured_arms.items():
-            arm = parse_testbed_arm(name)
-            if arm.kind != "none":
-                prepared.append((arm, job, m))
-    fit_points = [p for p in prepared if p[1].hosts == fit_hosts]
-    if not fit_points:
+    measured = {(hosts, link): measure_testbed(rows, hosts)
+                for (hosts, link), rows in sorted(jobs.items())}
+    fit_keys = [key for key in measured if key[0] == fit_hosts]
+    if not fit_keys:
         raise ValueError(f"no {fit_hosts}-host job to fit the constants on")
-    k = fit_testbed(fit_points)
-    fit_links = sorted({job.link for _, job, _ in fit_points})
-    held_out = {} if len(fit_links) < 2 else {
-        link: fit_testbed([p for p in fit_points if p[1].link != link]) for link in fit_links}
+
+    def fit(keys: Sequence[tuple[int, str]]) -> tuple[TestbedLinks, TestbedConstants]:
+        subset = {key: measured[key] for key in keys}
+        calibrated = calibrate_links(subset, links)
+        return calibrated, fit_testbed(_points(subset, calibrated))
+
+    full = fit(fit_keys)
     out = []
-    for arm, job, m in prepared:
-        if job.hosts != fit_hosts:
-            roles = [(OTHER_HOSTS, k)]
+    for key in measured:
+        if key[0] != fit_hosts:
+            roles = [(OTHER_HOSTS, full)]
         else:
-            roles = [(IN_SAMPLE, k)] + ([(LINK_HELD_OUT, held_out[job.link])] if held_out else [])
-        for role, constants in roles:
-            out.append(_testbed_row(arm, job, m, role, constants))
-    return k, out
+            roles = [(IN_SAMPLE, full)]
+            if len(fit_keys) > 1:
+                roles.append((LINK_HELD_OUT, fit([k for k in fit_keys if k != key])))
+        for role, (calibrated, k) in roles:
+            out += [_testbed_row(arm, job, m, role, k)
+                    for arm, job, m in _points({key: measured[key]}, calibrated)]
+    return full[0], full[1], out
 
 
 def _testbed_row(arm: TestbedArm, job: TestbedJob, m: TestbedMeasured, role: str,
@@ -963,7 +1002,7 @@ def testbed_report(jobs: Mapping[tuple[int, str], Sequence[Mapping[str, Any]]],
                    directory: Path, fit_hosts: int, links: TestbedLinks, command: str) -> str:
     """``testbed_fit.md``: inputs, fitted constants, the error summary per role and family, then
     predicted vs measured per job (its most out-of-sample prediction)."""
-    k, rows = testbed_rows(jobs, fit_hosts, links)
+    calibrated, k, rows = testbed_rows(jobs, fit_hosts, links)
     batches = sorted({measure_testbed(r, h)["none"].batch_size for (h, _), r in jobs.items()})
     files = ", ".join(f"`h{h}_{link}.json` ({len(r)} runs)"
                       for (h, link), r in sorted(jobs.items()))
@@ -973,13 +1012,11 @@ def testbed_report(jobs: Mapping[tuple[int, str], Sequence[Mapping[str, Any]]],
         f"{files}.", "",
         "Measured inputs per job: `none`'s examples/s (T0), its bytes on the link (the "
         "all-to-alls), the bytes of one round (S), the batch per rank "
-        f"({', '.join(map(str, batches))}). Given: the link's tbf rate at "
-        f"{links.efficiency:g} efficiency, an unlimited link = {links.unlimited_Bps / 1e6:g} MB/s "
-        f"per host at {links.probe_hosts} hosts (both from the cluster probe), the tbf queue's "
+        f"({', '.join(map(str, batches))}). Given: each link's tbf rate, the tbf queue's "
         f"latency limit {links.tbf_latency_s:g} s (cluster.py). Fitted on the {fit_hosts}-host "
-        "jobs: the five constants below. Predicted: every other arm's ratio to `none` and its "
-        "sync gap, and the shadow allreduce's time. The pacer's own telemetry (round cost, "
-        "busy share) is not an input.", "",
+        "jobs: the links' two numbers and the five constants below. Predicted: every other "
+        "arm's ratio to `none` and its sync gap, and the allreduce times. The pacer's own "
+        "telemetry (round cost, busy share) is not an input.", "",
         "Roles: *in sample*: constants fitted on every "
         f"{fit_hosts}-host job, checked on them. *link held out*: each {fit_hosts}-host job "
         "predicted from constants fitted on the other links' jobs. *other host count*: jobs "
@@ -989,6 +1026,11 @@ def testbed_report(jobs: Mapping[tuple[int, str], Sequence[Mapping[str, Any]]],
         f"Constants fitted on every {fit_hosts}-host job (the held-out predictions refit "
         "without their link):", "",
         "| constant | value | fitted on |", "|---|---:|---|",
+        f"| eta, share of a tbf rate gloo gets | {calibrated.efficiency:.3f} | FR arms' "
+        f"allreduce times on token-bucket-limited links (probe: {links.efficiency:g}) |",
+        f"| B_cpu, what the cores move per host at {links.probe_hosts} hosts | "
+        f"{calibrated.unlimited_Bps / 1e6:.0f} MB/s | FR arms' allreduce times on CPU-limited "
+        f"links (probe: {links.unlimited_Bps / 1e6:g} MB/s) |",
         f"| rho, one round's CPU work, compute steps | {k.rho:.3f} | FR arms' ratios |",
         f"| delta, DDP's own cost, compute steps | {k.delta:.3f} | ddp's ratio |",
         f"| lam, background allreduce's wait for the cores, compute steps | {k.stretch:.3f} | "

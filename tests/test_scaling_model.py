@@ -350,19 +350,50 @@ def test_back_to_back_solves_its_equation_everywhere() -> None:
                     assert step == pytest.approx(t0 + cpu / gap + queue * share, rel=1e-9)
 
 
+def _fr_point(comm_s: float, size: float = 8e6) -> sm.TestbedMeasured:
+    nan = math.nan
+    return sm.TestbedMeasured(runs=1, batch_size=128, examples_per_s=1.0, ratio=1.0,
+                              ratio_min=1.0, ratio_max=1.0, gap=1.0, steps=100,
+                              round_bytes=size, comm_per_round_s=comm_s,
+                              wire_bytes_per_step=nan, busy_share=nan, round_cost=nan)
+
+
+def test_links_calibrated_on_fixed_rate_allreduce_times() -> None:
+    measured = {
+        (2, "1gbit"): {"FR k=1": _fr_point(0.08), "S 5%": _fr_point(1.0)},
+        (4, "unlimited"): {"FR k=2": _fr_point(0.048)},  # 1.5 * 8e6 B in 0.048 s per host
+        (2, "10gbit"): {"FR k=1": _fr_point(0.02), "none": _fr_point(math.nan)},
+    }
+    cal = sm.calibrate_links(measured, LINKS)
+    assert cal.efficiency == pytest.approx(8e6 / 0.08 / 1.25e8)  # 0.8; shadow arms not used
+    # per host at 2 hosts: 2.5e8 * 4/2 from the 4-host job, 4e8 from 10gbit (the cores limit)
+    assert cal.unlimited_Bps == pytest.approx((5e8 + 4e8) / 2)
+    assert (cal.probe_hosts, cal.tbf_latency_s) == (LINKS.probe_hosts, LINKS.tbf_latency_s)
+    only_tbf = sm.calibrate_links({(2, "1gbit"): measured[2, "1gbit"]}, LINKS)
+    assert only_tbf.unlimited_Bps == LINKS.unlimited_Bps  # nothing to fit it on: the probe's
+
+
 def test_fit_recovers_the_constants_and_predicts_other_host_counts() -> None:
+    links = dataclasses.replace(LINKS, efficiency=0.8, unlimited_Bps=3.5e8)  # not the probe's
     jobs = {}
     for hosts, t0 in ((2, 0.08), (4, 0.16)):  # 4 hosts on the same cores: twice the step
         for link in ("unlimited", "1gbit", "200mbit"):
-            job = _job(t0=t0, hosts=hosts, link=link, w=7e5, s=8e6)
+            beta = links.bandwidth_Bps(link, hosts)
+            job = sm.TestbedJob(hosts=hosts, link=link, steps=100, step_s=t0,
+                                bandwidth_Bps=beta, round_bytes=8e6, a2a_s=7e5 / beta,
+                                cpu_Bps=links.cpu_Bps(hosts),
+                                queue_s=links.queue_s(link, hosts, 8e6))
             jobs[hosts, link] = _rows(job, TRUE, batch=128, none_by_repeat=(1.0, 0.9, 1.1))
-    k, rows = sm.testbed_rows(jobs, fit_hosts=2, links=LINKS)
+    cal, k, rows = sm.testbed_rows(jobs, fit_hosts=2, links=LINKS)
+    assert (cal.efficiency, cal.unlimited_Bps) == pytest.approx((0.8, 3.5e8))
     assert (k.rho, k.delta, k.stretch) == pytest.approx((0.4, 0.15, 0.5), abs=1e-6)
     assert (k.kappa, k.queued) == pytest.approx((0.6, 1.5), abs=0.01)
     assert {r["role"] for r in rows if r["hosts"] == 4} == {sm.OTHER_HOSTS}
     assert {r["role"] for r in rows if r["hosts"] == 2} == {sm.IN_SAMPLE, sm.LINK_HELD_OUT}
     assert len(rows) == 3 * 9 + 3 * 9 * 2  # 9 arms but none; 2-host jobs in two roles
     for r in rows:
+        if (r["link"], r["role"]) == ("unlimited", sm.LINK_HELD_OUT):
+            continue  # the only CPU-limited link: held out, B_cpu falls back to the probe's
         assert r["ratio_error"] == pytest.approx(0.0, abs=2e-3), r
         if r["family"] != "ddp":
             assert r["gap_error"] == pytest.approx(0.0, abs=2e-2), r
@@ -372,7 +403,7 @@ def test_fit_recovers_the_constants_and_predicts_other_host_counts() -> None:
     summary = sm.testbed_summary(rows)
     assert [(s["role"], s["family"]) for s in summary] == [
         (role, f) for role in sm.TESTBED_ROLES for f in sm.TESTBED_FAMILIES]
-    assert all(s["ratio_max"] < 2e-3 for s in summary)
+    assert all(s["ratio_max"] < 2e-3 for s in summary if s["role"] != sm.LINK_HELD_OUT)
 
 
 def test_a_held_out_link_is_predicted_without_its_own_data() -> None:
@@ -382,7 +413,7 @@ def test_a_held_out_link_is_predicted_without_its_own_data() -> None:
     dear = dataclasses.replace(TRUE, rho=0.8)
     jobs = {(2, "1gbit"): _rows(_job(link="1gbit"), cheap),
             (2, "200mbit"): _rows(_job(link="200mbit"), dear)}
-    _, rows = sm.testbed_rows(jobs, fit_hosts=2, links=LINKS)
+    _, _, rows = sm.testbed_rows(jobs, fit_hosts=2, links=LINKS)
 
     def fr_errors(link: str, role: str) -> list[float]:
         return [r["ratio_error"] for r in rows
@@ -415,7 +446,7 @@ def test_a_slower_cluster_is_seen_as_error() -> None:
     slow = dataclasses.replace(TRUE, rho=0.8)
     jobs = {(2, "1gbit"): _rows(_job(hosts=2), TRUE),
             (4, "1gbit"): _rows(_job(hosts=4, t0=0.2), slow)}
-    _, rows = sm.testbed_rows(jobs, fit_hosts=2, links=LINKS)
+    _, _, rows = sm.testbed_rows(jobs, fit_hosts=2, links=LINKS)
     fr4 = [r for r in rows if r["hosts"] == 4 and r["family"] == "FR"]
     assert all(r["ratio_error"] > 0.001 for r in fr4)  # the model predicts them too fast
 
