@@ -383,6 +383,13 @@ def report(calibration: Mapping[str, Any], preset_name: str, k: Constants,
     for name, p in calibration["presets"].items():
         parts += [f"### {name}", "", check_table(check_rows(p, loopback(calibration))), "",
                   colocation_note(p, loopback(calibration)), ""]
+    parts += ["## Check on rate-limited links", "",
+              "The loopback check above cannot show what a network costs. The emulated "
+              "cluster can: `python benchmarks/scaling_model.py --testbed "
+              "benchmarks/results/frontier` predicts every arm of the frontier benchmark "
+              "(`benchmarks/frontier.py`) from its `none` arm and the link rate, with constants "
+              "fitted on 2 hosts, and states the error per arm family, out of sample "
+              "(`testbed_fit.md`).", ""]
     return "\n".join(parts)
 
 
