@@ -34,7 +34,12 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cluster import Cluster, ClusterError, Interrupted  # noqa: E402  (a script beside this one)
+from cluster import (  # noqa: E402  (a script beside this one)
+    Cluster,
+    ClusterError,
+    Interrupted,
+    parse_rate,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 FR_PERIODS = (1, 2, 5, 10, 20, 50)
@@ -44,10 +49,21 @@ SHADOW = ("back to back: sync.max_slowdown=null",
           "link 50%: sync.max_slowdown=null sync.max_comm_share=0.5",
           "20%: sync.max_slowdown=0.2",
           "5%: sync.max_slowdown=0.05")
-# Every shadow arm sends its round in 64 KB collectives: on a link shared with the embedding
-# all-to-alls, one whole-buffer burst queues each all-to-all behind it (measured at 200 Mbit/s:
-# back to back, 0.48 of none's examples/s unchunked against 0.67 in 64 KB chunks).
-SHADOW_COMMON = "sync.chunk_mb=0.0625"
+# Every shadow arm sends its round in chunks of CHUNK_MS of link time (sync.chunk_mb from the
+# link's rate): on a link shared with the embedding all-to-alls, one whole-buffer burst queues
+# each all-to-all behind it (measured at 200 Mbit/s, back to back: 0.48 of none's examples/s
+# unchunked, 0.67 in 64 KB chunks), while much smaller chunks than that pay a collective's
+# fixed cost too often on a fast link. Unlimited links get no chunks.
+CHUNK_MS = 2.5
+SHADOW_COMMON = ""
+
+
+def chunk_override(link: str, chunk_ms: float) -> str:
+    """``sync.chunk_mb=...`` worth ``chunk_ms`` of ``link``'s rate ('' if unlimited or 0)."""
+    bits = parse_rate(link)
+    if bits is None or chunk_ms <= 0:
+        return ""
+    return f"sync.chunk_mb={bits / 8 * chunk_ms / 1e3 / 2**20:.4g}"
 
 
 WIRE_TAGS = {"float32": "", "bfloat16": " bf16", "float16": " fp16"}
@@ -89,8 +105,9 @@ def run_job(out: Path, hosts: int, link: str, args: argparse.Namespace, command:
     argv = ["benchmarks/bench_sync.py", "--config", args.config, "--steps", str(args.steps),
             "--repeats", str(args.repeats), "--seeds", *map(str, args.seeds),
             "--json", str(raw.resolve()),
-            *[f"--arm={a}" for a in default_arms(args.algorithm, args.periods, args.shadow,
-                                                 args.wires, args.shadow_common)],
+            *[f"--arm={a}" for a in default_arms(
+                args.algorithm, args.periods, args.shadow, args.wires,
+                f"{chunk_override(link, args.chunk_ms)} {args.shadow_common}".strip())],
             *args.overrides]
     (out / "raw" / f"{name}.cmd").write_text(command + "\n")
     log = (out / "raw" / f"{name}.log").open("w")
@@ -271,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="shadow arms as 'label: overrides'")
     parser.add_argument("--shadow-common", default=SHADOW_COMMON,
                         help="overrides every shadow arm gets")
+    parser.add_argument("--chunk-ms", type=float, default=CHUNK_MS,
+                        help="shadow rounds in chunks of this much link time (0: no chunks)")
     parser.add_argument("--wires", nargs="+", default=["float32"], choices=list(WIRE_TAGS),
                         help="wire dtypes of the FR and shadow arms (each gets both curves)")
     parser.add_argument("--steps", type=int, default=100)

@@ -92,3 +92,10 @@ def test_dominance_compares_arms_that_send_the_same_bytes() -> None:
     assert arms[-1].split() == ["S", "5%", "bf16:", "sync.algorithm=ma", "sync.mode=shadow",
                                 "sync.max_slowdown=0.05", "sync.chunk_mb=1",
                                 "sync.wire_dtype=bfloat16"]
+
+
+def test_chunks_are_sized_by_link_time() -> None:
+    assert fr.chunk_override("200mbit", 2.5) == "sync.chunk_mb=0.0596"  # 62.5 kB
+    assert fr.chunk_override("1gbit", 2.5) == "sync.chunk_mb=0.298"
+    assert fr.chunk_override("unlimited", 2.5) == ""
+    assert fr.chunk_override("1gbit", 0) == ""
