@@ -109,7 +109,9 @@ def run_job(out: Path, hosts: int, link: str, args: argparse.Namespace, command:
                 args.algorithm, args.periods, args.shadow, args.wires,
                 f"{chunk_override(link, args.chunk_ms)} {args.shadow_common}".strip())],
             *args.overrides]
-    (out / "raw" / f"{name}.cmd").write_text(command + "\n")
+    arms = [a.removeprefix("--arm=") for a in argv if a.startswith("--arm=")]
+    (out / "raw" / f"{name}.cmd").write_text(command + "\n" + "".join(f"  arm {a}\n"
+                                                                      for a in arms))
     log = (out / "raw" / f"{name}.log").open("w")
 
     def on_line(host: int, line: str) -> None:
@@ -261,14 +263,18 @@ def report(out: Path, links: Sequence[str]) -> str:
         arms = summarize(json.loads(raw.read_text()), hosts)
         by_link.setdefault(link, {})[hosts] = arms
         cmd = raw.with_suffix(".cmd")
-        commands[(link, hosts)] = cmd.read_text().strip() if cmd.exists() else "(not recorded)"
+        commands[(link, hosts)] = cmd.read_text() if cmd.exists() else "(not recorded)\n"
     order = [link for link in links if link in by_link] + sorted(set(by_link) - set(links))
     for link in order:
         plot(link, by_link[link], out / f"frontier_{link}.png")
         for hosts, arms in sorted(by_link[link].items()):
+            command, *arm_lines = commands[(link, hosts)].splitlines()
+            arm_list = "".join(f"- `{a.strip().removeprefix('arm ')}`\n" for a in arm_lines)
             sections.append(f"### {hosts} hosts, links {link}\n\n"
-                            f"Command: `{commands[(link, hosts)]}`\n\n{table(arms)}\n\n"
-                            f"{dominance_table(dominance(arms))}\n")
+                            f"Command: `{command}`\n\n{table(arms)}\n\n"
+                            f"{dominance_table(dominance(arms))}\n\n"
+                            + (f"<details><summary>arms</summary>\n\n{arm_list}\n</details>\n"
+                               if arm_list else ""))
         sections.append(f"![frontier at {link}](frontier_{link}.png)\n")
     text = ("# Frontier: throughput against sync frequency on emulated links\n\n"
             + "\n".join(sections))
