@@ -430,25 +430,29 @@ from each job's ``none`` arm and its link, with constants fitted on the 2-host j
               A  = 2 (N-1)/N * S / beta                  ring allreduce; links add no delay
               Ac = 2 (N-1)/N * S / Bc                    the CPU work of moving those bytes
               X  = w / beta,  Tc = T0 - X                all-to-all and compute inside T0
-              Q  = min(L, (S/N) / B) if B < Bc, else 0   the wait behind one ring chunk in a
+              Q  = min(L, (Sk/N) / B) if B < Bc, else 0  the wait behind one ring chunk in a
                                                          link's FIFO queue (tbf), where the
-                                                         link and not the CPU is the limit
+                                                         link and not the CPU is the limit;
+                                                         Sk = min(S, sync.chunk_mb), n_k =
+                                                         ceil(S / Sk) collectives a round
     fitted    on the 2-host jobs; CPU work in compute steps Tc, since every host shares the
               same cores and such work stretches with N as Tc does:
               rho    one round's CPU work r = rho Tc     FR arms' ratios
               delta  DDP's own cost delta Tc             ddp's ratio
               lam    the background allreduce's wait     shadow arms' allreduce times
                      for the cores, lam Tc
+              phi    the same per collective, phi Tc     (same)
               kappa  share of r + Ac training pays       shadow arms' ratios and gaps
               q      exchanges a step that queue behind  shadow arms' ratios and gaps
                      a round's bytes
     ddp       T = T0 + delta Tc + A                      no overlap with backward (worst case)
     FR-k      T = T0 + m/steps * (r + A)                 m = floor((steps-1)/k) + 1 rounds
               gap = (1 + (m-1) k) / m                    rounds after steps 1, k+1, 2k+1, ...
-    shadow    Ab = A (1 + X/T0) + lam Tc                 the allreduce in the background: it
+    shadow    Ab = A (1 + X/T0) + (lam + phi n_k) Tc     the allreduce in the background: it
                                                          shares the link with the all-to-alls
                                                          and waits for the cores
-              R  = r + Ab                                a round's duration
+              R  = r + Ab / share                        a round's duration (max_comm_share
+                                                         pauses between chunks)
               back to back: T = T0 + kappa (r + Ac) / g + q Q min(1, Ab / (g T)),
                             g = max(1, R/T + 1/2)        (solved together: a delta waits for
                             the next step boundary, half a step on average; a share
@@ -461,7 +465,7 @@ from each job's ``none`` arm and its link, with constants fitted on the 2-host j
               gap as measured = steps / rounds: rounds start at step 1, the second g_1 later
                             (g_1 = g, or g + 3 with a pacer: it waits 3 steps to have a quiet
                             step to compare with), then every g_s; stop() adds one
-    ratio = T0 / T
+    ratio = T0 / T;  S (and A, Ac) halve with a 16-bit wire dtype (FR and shadow)
 
 Also shown for shadow: the ratio at the *measured* gap, T0 / (T0 + C / gap), which separates
 the cost model's error from the pacer's choice of gap.
@@ -480,8 +484,14 @@ _LINK_RATE = re.compile(r"^(\d+(?:\.\d+)?)(kbit|mbit|gbit)$")
 _LINK_UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
 
 
+def _link_rate_name(label: str) -> str:
+    """The link of a job label: ``1gbit-bs512`` (a frontier ``--tag`` variant) is ``1gbit``."""
+    return label.split("-", 1)[0]
+
+
 def link_rate_Bps(link: str) -> float | None:
     """The tbf rate a frontier link name stands for, bytes/s; None for ``unlimited``."""
+    link = _link_rate_name(link)
     if link == "unlimited":
         return None
     m = _LINK_RATE.match(link)
@@ -516,50 +526,76 @@ class TestbedLinks:
         cpu = self.cpu_Bps(hosts)
         return cpu if rate is None else min(rate, cpu)
 
-    def queue_s(self, link: str, hosts: int, round_bytes: float) -> float:
-        """Q: how long a message waits behind a round's bytes in the link's FIFO queue. A ring
-        keeps one chunk (S/N) in flight per host; tbf drops what would wait longer than its
-        latency limit, so the wait is capped there. No queue builds where the cores, not the
-        token bucket, are the limit (unlimited links, and rates above what the cores move)."""
-        rate = self.link_Bps(link)
-        if rate is None or rate >= self.cpu_Bps(hosts):
-            return 0.0
-        return min(self.tbf_latency_s, round_bytes / hosts / rate)
 
 
 @dataclasses.dataclass(frozen=True)
 class TestbedArm:
-    """A frontier arm, from its ``bench_sync`` name (``frontier.default_arms``)."""
+    """A frontier arm: its ``bench_sync`` name and, where the job recorded them, its overrides
+    (``frontier.default_arms``)."""
 
     name: str
     kind: Literal["none", "ddp", "fixed_rate", "shadow"]
     period: int | None = None
-    max_slowdown: float | None = None  # shadow: None runs rounds back to back
+    max_slowdown: float | None = None  # shadow: None runs rounds back to back (unpaced)
+    max_comm_share: float = 1.0  # shadow: the share of a round's time it may hold the link
+    chunk_bytes: float | None = None  # a round's allreduce in collectives of this size
+    wire_factor: float = 1.0  # bytes on the wire per float32 byte (0.5 for bf16, fp16)
 
     @property
     def family(self) -> str:
         return {"fixed_rate": "FR", "shadow": "shadow"}.get(self.kind, self.kind)
 
 
+_WIRE_FACTOR = {"float32": 1.0, "bfloat16": 0.5, "float16": 0.5}
+_WIRE_TAGS = {" bf16": 0.5, " fp16": 0.5}  # frontier.WIRE_TAGS
 _FR_NAME = re.compile(r"^FR k=(\d+)$")
-_SHADOW_NAME = re.compile(r"^S (\d+(?:\.\d+)?)%$")
+_SHADOW_NAME = re.compile(r"^S (link )?(\d+(?:\.\d+)?)%$")
 
 
-def parse_testbed_arm(name: str) -> TestbedArm:
-    """``none``, ``ddp``, ``FR k=<k>``, ``S back to back`` or ``S <p>%``; ValueError otherwise,
-    so an arm the model does not know is never silently left out of the error."""
-    if name == "none":
-        return TestbedArm(name, "none")
-    if name == "ddp":
-        return TestbedArm(name, "ddp")
-    if name == "S back to back":
-        return TestbedArm(name, "shadow")
-    if m := _FR_NAME.match(name):
-        return TestbedArm(name, "fixed_rate", period=int(m.group(1)))
-    if m := _SHADOW_NAME.match(name):
-        return TestbedArm(name, "shadow", max_slowdown=float(m.group(1)) / 100)
-    raise ValueError(f"arm {name!r}: not a frontier arm (none, ddp, FR k=<k>, S back to back, "
-                     "S <p>%)")
+def parse_testbed_arm(name: str, overrides: str | None = None,
+                      chunk_bytes: float | None = None) -> TestbedArm:
+    """The arm a frontier arm name stands for: ``none``, ``ddp``, ``FR k=<k>``, ``S back to
+    back``, ``S <p>%`` (accepted slowdown), ``S link <p>%`` (max_comm_share), each optionally
+    with a wire-dtype tag (`` bf16``). ``overrides`` (as the job's ``.cmd`` records them)
+    take precedence over the name; without them a shadow arm gets ``chunk_bytes``. ValueError
+    for anything else, so an arm the model does not know is never silently mispredicted."""
+    wire, base = 1.0, name
+    for tag, factor in _WIRE_TAGS.items():
+        if name.endswith(tag):
+            wire, base = factor, name.removesuffix(tag)
+    if base == "none":
+        arm = TestbedArm(name, "none")
+    elif base == "ddp":
+        arm = TestbedArm(name, "ddp")
+    elif m := _FR_NAME.match(base):
+        arm = TestbedArm(name, "fixed_rate", period=int(m.group(1)), wire_factor=wire)
+    elif base == "S back to back" or (m := _SHADOW_NAME.match(base)):
+        share = float(m.group(2)) / 100 if m else None
+        link_share = m is not None and m.group(1) is not None
+        arm = TestbedArm(name, "shadow", max_slowdown=None if link_share else share,
+                         max_comm_share=share if link_share and share else 1.0,
+                         chunk_bytes=chunk_bytes, wire_factor=wire)
+    else:
+        raise ValueError(f"arm {name!r}: not a frontier arm (none, ddp, FR k=<k>, S back to "
+                         "back, S <p>%, S link <p>%)")
+    if overrides is None:
+        return arm
+    given = dict(item.split("=", 1) for item in overrides.split() if "=" in item)
+
+    def number(key: str) -> float | None:
+        value = given.get(key)
+        return None if value is None or value == "null" else float(value)
+
+    period = number("sync.period")
+    chunk_mb = number("sync.chunk_mb")
+    return dataclasses.replace(
+        arm, period=int(period) if period is not None else arm.period,
+        max_slowdown=number("sync.max_slowdown") if "sync.max_slowdown" in given
+        else arm.max_slowdown,
+        max_comm_share=number("sync.max_comm_share") or arm.max_comm_share,
+        chunk_bytes=chunk_mb * 2**20 if chunk_mb is not None else None,
+        wire_factor=_WIRE_FACTOR[given["sync.wire_dtype"]] if "sync.wire_dtype" in given
+        else arm.wire_factor)
 
 
 def _nanmean(values: Sequence[float]) -> float:
@@ -642,7 +678,8 @@ class TestbedJob:
     round_bytes: float  # S
     a2a_s: float  # X
     cpu_Bps: float  # Bc
-    queue_s: float  # Q
+    link_Bps: float | None  # B; None for an unlimited link
+    tbf_latency_s: float  # L
 
     @property
     def compute_s(self) -> float:
@@ -652,12 +689,24 @@ class TestbedJob:
     @property
     def allreduce_s(self) -> float:
         """A: one ring allreduce of S on links that add no delay."""
-        return allreduce_s(self.round_bytes, self.hosts, Network(0.0, self.bandwidth_Bps))
+        return self.allreduce_of(self.round_bytes)
 
-    @property
-    def transfer_cpu_s(self) -> float:
-        """Ac: the CPU time of moving one round's bytes (the allreduce on a CPU-bound link)."""
-        return allreduce_s(self.round_bytes, self.hosts, Network(0.0, self.cpu_Bps))
+    def allreduce_of(self, nbytes: float) -> float:
+        """A ring allreduce of ``nbytes`` on this job's links."""
+        return allreduce_s(nbytes, self.hosts, Network(0.0, self.bandwidth_Bps))
+
+    def transfer_cpu_of(self, nbytes: float) -> float:
+        """Ac: the CPU time of moving an allreduce's bytes (the same on a CPU-bound link)."""
+        return allreduce_s(nbytes, self.hosts, Network(0.0, self.cpu_Bps))
+
+    def queue_s(self, collective_bytes: float) -> float:
+        """Q: how long a message waits behind one collective's bytes in the link's FIFO queue.
+        A ring keeps one of its N chunks in flight per host; tbf drops what would wait longer
+        than its latency limit, so the wait is capped there. No queue builds where the cores,
+        not the token bucket, are the limit (unlimited links, rates above what they move)."""
+        if self.link_Bps is None or self.link_Bps >= self.cpu_Bps:
+            return 0.0
+        return min(self.tbf_latency_s, collective_bytes / self.hosts / self.link_Bps)
 
 
 def testbed_job(hosts: int, link: str, measured_arms: Mapping[str, TestbedMeasured],
@@ -665,16 +714,19 @@ def testbed_job(hosts: int, link: str, measured_arms: Mapping[str, TestbedMeasur
     """The job's inputs: T0 and w from ``none``, S from any arm that synchronized. The batch is
     read from the runs, not given: frontier jobs may override it."""
     none = measured_arms["none"]
-    beta = links.bandwidth_Bps(link, hosts)
-    sizes = [m.round_bytes for m in measured_arms.values() if not math.isnan(m.round_bytes)]
+    beta = links.bandwidth_Bps(_link_rate_name(link), hosts)
+    sizes = [m.round_bytes for name, m in measured_arms.items()
+             if not math.isnan(m.round_bytes) and not name.endswith(tuple(_WIRE_TAGS))]
     if not sizes:
-        raise ValueError(f"{hosts} hosts, {link}: no arm synchronized, so no round size")
+        raise ValueError(f"{hosts} hosts, {link}: no float32 arm synchronized, so no round "
+                         "size")
     size = _median(sizes)
     wire = 0.0 if math.isnan(none.wire_bytes_per_step) else none.wire_bytes_per_step
     return TestbedJob(hosts=hosts, link=link, steps=none.steps,
                       step_s=hosts * none.batch_size / none.examples_per_s, bandwidth_Bps=beta,
                       round_bytes=size, a2a_s=wire / beta, cpu_Bps=links.cpu_Bps(hosts),
-                      queue_s=links.queue_s(link, hosts, size))
+                      link_Bps=links.link_Bps(_link_rate_name(link)),
+                      tbf_latency_s=links.tbf_latency_s)
 
 
 def calibrate_links(measured: Mapping[tuple[int, str], Mapping[str, TestbedMeasured]],
@@ -689,7 +741,7 @@ def calibrate_links(measured: Mapping[tuple[int, str], Mapping[str, TestbedMeasu
         for (hosts, link), arms in measured.items():
             rate = link_rate_Bps(link)
             for name, m in arms.items():
-                if parse_testbed_arm(name).kind != "fixed_rate" or not m.comm_per_round_s > 0:
+                if not name.startswith("FR ") or not m.comm_per_round_s > 0:
                     continue
                 achieved = 2 * (hosts - 1) / hosts * m.round_bytes / m.comm_per_round_s
                 if rate is not None and links.efficiency * rate < links.cpu_Bps(hosts):
@@ -714,6 +766,7 @@ class TestbedConstants:
     kappa: float
     stretch: float = 0.0  # lam
     queued: float = 0.0  # q
+    per_chunk: float = 0.0  # phi
 
 
 @dataclasses.dataclass(frozen=True)
@@ -777,14 +830,22 @@ def shadow_rounds(steps: int, first_gap: float, gap: float) -> int:
     return started + 1
 
 
+def chunks(arm: TestbedArm, nbytes: float) -> int:
+    """How many collectives one round's allreduce of ``nbytes`` takes."""
+    return 1 if arm.chunk_bytes is None else max(1, math.ceil(nbytes / arm.chunk_bytes))
+
+
 def predict_testbed(arm: TestbedArm, job: TestbedJob, k: TestbedConstants) -> TestbedPrediction:
     """The model's ratio to ``none`` and sync gap of ``arm`` in ``job`` (TESTBED_DOC)."""
-    t0, a, tc = job.step_s, job.allreduce_s, job.compute_s
+    t0, tc = job.step_s, job.compute_s
+    size = job.round_bytes * arm.wire_factor
+    a = job.allreduce_of(size)
     r = k.rho * tc
     nan = math.nan
     if arm.kind == "none":
         return TestbedPrediction(1.0, nan, t0, nan, nan, nan)
     if arm.kind == "ddp":
+        a = job.allreduce_s  # float32 gradients
         step = t0 + k.delta * tc + a
         return TestbedPrediction(t0 / step, nan, step, nan, a, nan)
     if arm.kind == "fixed_rate":
@@ -793,9 +854,11 @@ def predict_testbed(arm: TestbedArm, job: TestbedJob, k: TestbedConstants) -> Te
         step = t0 + m / job.steps * (r + a)
         gap = (1 + (m - 1) * arm.period) / m
         return TestbedPrediction(t0 / step, gap, step, r + a, a, gap)
-    background = a * (1 + job.a2a_s / t0) + k.stretch * tc
-    step, gap = _back_to_back(t0, k.kappa * (r + job.transfer_cpu_s), k.queued * job.queue_s,
-                              background, r + background)
+    n_chunks = chunks(arm, size)
+    background = a * (1 + job.a2a_s / t0) + (k.stretch + k.per_chunk * n_chunks) * tc
+    queue = job.queue_s(size / n_chunks)
+    step, gap = _back_to_back(t0, k.kappa * (r + job.transfer_cpu_of(size)), k.queued * queue,
+                              background, r + background / arm.max_comm_share)
     cost = gap * (step - t0)
     steady, first = gap, gap
     s = arm.max_slowdown
@@ -808,7 +871,8 @@ def predict_testbed(arm: TestbedArm, job: TestbedJob, k: TestbedConstants) -> Te
 
 
 def load_testbed(directory: Path) -> dict[tuple[int, str], list[dict[str, Any]]]:
-    """Every ``raw/h<N>_<link>.json`` under a frontier output directory (or the raw one)."""
+    """Every ``raw/h<N>_<link>[-<tag>].json`` under a frontier output directory (or the raw
+    one), keyed by (N, ``<link>[-<tag>]``)."""
     raw = directory / "raw" if (directory / "raw").is_dir() else directory
     jobs = {}
     for path in sorted(raw.glob("h*_*.json")):
@@ -817,10 +881,47 @@ def load_testbed(directory: Path) -> dict[tuple[int, str], list[dict[str, Any]]]
     return jobs
 
 
+def load_arm_overrides(directory: Path) -> dict[tuple[int, str], dict[str, str]]:
+    """Per job, its arms' overrides as ``frontier.py`` records them beside the runs
+    (``<job>.cmd``: the command, then one ``  arm <name>: <overrides>`` line per arm); jobs
+    recorded before those lines existed are left out."""
+    raw = directory / "raw" if (directory / "raw").is_dir() else directory
+    out = {}
+    for path in sorted(raw.glob("h*_*.cmd")):
+        hosts, link = path.stem.split("_", 1)
+        arms = {}
+        for line in path.read_text().splitlines():
+            if line.startswith("  arm "):
+                name, _, overrides = line.removeprefix("  arm ").partition(":")
+                arms[name.strip()] = overrides.strip()
+        if arms:
+            out[int(hosts[1:]), link] = arms
+    return out
+
+
 def _weighted_ls(a: Sequence[float], b: Sequence[float]) -> float:
     """The x >= 0 minimizing sum (a_i + b_i x)^2 (0 with no points)."""
     den = sum(v * v for v in b)
     return max(0.0, -sum(u * v for u, v in zip(a, b, strict=True)) / den) if den else 0.0
+
+
+def _nonneg_ls2(a: Sequence[float], b: Sequence[float], c: Sequence[float]
+                ) -> tuple[float, float]:
+    """The (x, y) >= 0 minimizing sum (a_i + b_i x + c_i y)^2: the unconstrained solution if it
+    is non-negative and well-posed, else the better of the two one-variable fits."""
+    def loss(x: float, y: float) -> float:
+        return sum((u + v * x + w * y) ** 2 for u, v, w in zip(a, b, c, strict=True))
+
+    def dot(u: Sequence[float], v: Sequence[float]) -> float:
+        return sum(x * y for x, y in zip(u, v, strict=True))
+
+    bb, cc, bc, ab, ac = dot(b, b), dot(c, c), dot(b, c), dot(a, b), dot(a, c)
+    det = bb * cc - bc * bc
+    if det > 1e-12 * max(bb * cc, 1e-300):
+        x, y = (-ab * cc + ac * bc) / det, (-ac * bb + ab * bc) / det
+        if x >= 0 and y >= 0:
+            return x, y
+    return min(((_weighted_ls(a, b), 0.0), (0.0, _weighted_ls(a, c))), key=lambda xy: loss(*xy))
 
 
 def _golden(loss: Callable[[float], float], lo: float, hi: float, iterations: int = 40
@@ -838,35 +939,39 @@ Fitted = list[tuple[TestbedArm, TestbedJob, TestbedMeasured]]
 def fit_testbed(points: Fitted) -> TestbedConstants:
     """The constants from measured points (pass the 2-host ones only).
 
-    rho from the FR arms, delta from ddp, lam from the shadow arms' measured allreduce times:
-    closed-form least squares on relative errors, the quantities being linear in them. Then
+    rho from the FR arms, delta from ddp, lam and phi from the shadow arms' measured allreduce
+    times: least squares on relative errors, the quantities being linear in them (lam and phi
+    are told apart only where the arms' chunk counts differ; else phi is 0). Then
     kappa and q from the shadow arms' ratios and gaps together, on a grid refined by
     coordinate search (neither is linear in them). The gaps weigh in because a paced arm's
     ratio is the pacer's target whatever a round costs; its gap is where the cost shows.
     """
-    a_fr, b_fr, a_ddp, b_ddp, a_bg, b_bg = [], [], [], [], [], []
+    a_fr, b_fr, a_ddp, b_ddp, a_bg, b_bg, c_bg = [], [], [], [], [], [], []
     for arm, job, m in points:
         measured_step = job.step_s / m.ratio
+        size = job.round_bytes * arm.wire_factor
         if arm.kind == "fixed_rate":
             assert arm.period is not None
             q = fr_rounds(job.steps, arm.period) / job.steps
-            a_fr.append((job.step_s + q * job.allreduce_s - measured_step) / measured_step)
+            a_fr.append((job.step_s + q * job.allreduce_of(size) - measured_step)
+                        / measured_step)
             b_fr.append(q * job.compute_s / measured_step)
         elif arm.kind == "ddp":
             a_ddp.append((job.step_s + job.allreduce_s - measured_step) / measured_step)
             b_ddp.append(job.compute_s / measured_step)
         elif arm.kind == "shadow" and m.comm_per_round_s > 0:
-            shared = job.allreduce_s * (1 + job.a2a_s / job.step_s)
+            shared = job.allreduce_of(size) * (1 + job.a2a_s / job.step_s)
             a_bg.append((shared - m.comm_per_round_s) / m.comm_per_round_s)
             b_bg.append(job.compute_s / m.comm_per_round_s)
-    rho, delta, stretch = (_weighted_ls(a_fr, b_fr), _weighted_ls(a_ddp, b_ddp),
-                           _weighted_ls(a_bg, b_bg))
+            c_bg.append(chunks(arm, size) * job.compute_s / m.comm_per_round_s)
+    rho, delta = _weighted_ls(a_fr, b_fr), _weighted_ls(a_ddp, b_ddp)
+    stretch, per_chunk = _nonneg_ls2(a_bg, b_bg, c_bg)
     shadow = [(arm, job, m) for arm, job, m in points if arm.kind == "shadow"]
     if not shadow:
-        return TestbedConstants(rho, delta, 0.0, stretch, 0.0)
+        return TestbedConstants(rho, delta, 0.0, stretch, 0.0, per_chunk)
 
     def loss(kappa: float, queued: float) -> float:
-        k = TestbedConstants(rho, delta, kappa, stretch, queued)
+        k = TestbedConstants(rho, delta, kappa, stretch, queued, per_chunk)
         total = 0.0
         for arm, job, m in shadow:
             p = predict_testbed(arm, job, k)
@@ -882,7 +987,7 @@ def fit_testbed(points: Fitted) -> TestbedConstants:
                         max(0.0, kappa - 0.1), min(1.0, kappa + 0.1))
         queued = _golden(functools.partial(loss, kappa),
                          max(0.0, queued - 0.25), min(QUEUED_MAX, queued + 0.25))
-    return TestbedConstants(rho, delta, kappa, stretch, queued)
+    return TestbedConstants(rho, delta, kappa, stretch, queued, per_chunk)
 
 
 def _rel(predicted: float, measured: float) -> float:
@@ -893,18 +998,35 @@ IN_SAMPLE, LINK_HELD_OUT, OTHER_HOSTS = "in sample", "link held out", "other hos
 TESTBED_ROLES = (IN_SAMPLE, LINK_HELD_OUT, OTHER_HOSTS)
 
 
+def _arm(name: str, overrides: Mapping[str, str] | None, chunk_bytes: float | None
+         ) -> TestbedArm | None:
+    """The arm of a job's run name, from its recorded overrides when there are some (else
+    ``chunk_bytes`` for shadow arms); None for one the model does not know."""
+    try:
+        return parse_testbed_arm(name, None if overrides is None else overrides.get(name, ""),
+                                 chunk_bytes)
+    except ValueError:
+        return None
+
+
 def _points(measured: Mapping[tuple[int, str], Mapping[str, TestbedMeasured]],
-            links: TestbedLinks) -> Fitted:
-    """(arm, job, measurement) for every arm but ``none`` of the given jobs."""
+            links: TestbedLinks, overrides: Mapping[tuple[int, str], Mapping[str, str]],
+            chunk_bytes: float | None) -> Fitted:
+    """(arm, job, measurement) for every known arm but ``none`` of the given jobs."""
     points = []
     for (hosts, link), arms in sorted(measured.items()):
         job = testbed_job(hosts, link, arms, links)
-        points += [(parse_testbed_arm(name), job, m) for name, m in arms.items() if name != "none"]
+        for name, m in arms.items():
+            arm = _arm(name, overrides.get((hosts, link)), chunk_bytes)
+            if arm is not None and arm.kind != "none":
+                points.append((arm, job, m))
     return points
 
 
 def testbed_rows(jobs: Mapping[tuple[int, str], Sequence[Mapping[str, Any]]], fit_hosts: int,
-                 links: TestbedLinks
+                 links: TestbedLinks,
+                 overrides: Mapping[tuple[int, str], Mapping[str, str]] | None = None,
+                 chunk_bytes: float | None = None
                  ) -> tuple[TestbedLinks, TestbedConstants, list[dict[str, Any]]]:
     """The links and constants fitted on every ``fit_hosts`` job, and one row per (job, arm but
     ``none``, role), each role an honest use of a fit:
@@ -915,6 +1037,7 @@ def testbed_rows(jobs: Mapping[tuple[int, str], Sequence[Mapping[str, Any]]], fi
     * other host count: every other job, predicted from the fit on all ``fit_hosts`` jobs:
       the extrapolation the model is for.
     """
+    recorded = overrides or {}
     measured = {(hosts, link): measure_testbed(rows, hosts)
                 for (hosts, link), rows in sorted(jobs.items())}
     fit_keys = [key for key in measured if key[0] == fit_hosts]
@@ -924,7 +1047,7 @@ def testbed_rows(jobs: Mapping[tuple[int, str], Sequence[Mapping[str, Any]]], fi
     def fit(keys: Sequence[tuple[int, str]]) -> tuple[TestbedLinks, TestbedConstants]:
         subset = {key: measured[key] for key in keys}
         calibrated = calibrate_links(subset, links)
-        return calibrated, fit_testbed(_points(subset, calibrated))
+        return calibrated, fit_testbed(_points(subset, calibrated, recorded, chunk_bytes))
 
     full = fit(fit_keys)
     out = []
@@ -937,7 +1060,8 @@ def testbed_rows(jobs: Mapping[tuple[int, str], Sequence[Mapping[str, Any]]], fi
                 roles.append((LINK_HELD_OUT, fit([k for k in fit_keys if k != key])))
         for role, (calibrated, k) in roles:
             out += [_testbed_row(arm, job, m, role, k)
-                    for arm, job, m in _points({key: measured[key]}, calibrated)]
+                    for arm, job, m in _points({key: measured[key]}, calibrated, recorded,
+                                               chunk_bytes)]
     return full[0], full[1], out
 
 
@@ -1006,10 +1130,16 @@ def _headline_role(hosts: int, fit_hosts: int, roles: set[str]) -> str:
 
 
 def testbed_report(jobs: Mapping[tuple[int, str], Sequence[Mapping[str, Any]]],
-                   directory: Path, fit_hosts: int, links: TestbedLinks, command: str) -> str:
+                   directory: Path, fit_hosts: int, links: TestbedLinks, command: str,
+                   overrides: Mapping[tuple[int, str], Mapping[str, str]] | None = None,
+                   chunk_bytes: float | None = None) -> str:
     """``testbed_fit.md``: inputs, fitted constants, the error summary per role and family, then
     predicted vs measured per job (its most out-of-sample prediction)."""
-    calibrated, k, rows = testbed_rows(jobs, fit_hosts, links)
+    calibrated, k, rows = testbed_rows(jobs, fit_hosts, links, overrides, chunk_bytes)
+    recorded = overrides or {}
+    unknown = sorted({r["arm"] for key, runs in jobs.items() for r in runs
+                      if _arm(r["arm"], recorded.get(key), chunk_bytes) is None})
+    guessed = sorted(f"h{h}_{link}" for h, link in jobs if (h, link) not in recorded)
     batches = sorted({measure_testbed(r, h)["none"].batch_size for (h, _), r in jobs.items()})
     files = ", ".join(f"`h{h}_{link}.json` ({len(r)} runs)"
                       for (h, link), r in sorted(jobs.items()))
@@ -1021,7 +1151,7 @@ def testbed_report(jobs: Mapping[tuple[int, str], Sequence[Mapping[str, Any]]],
         "all-to-alls), the bytes of one round (S), the batch per rank "
         f"({', '.join(map(str, batches))}). Given: each link's tbf rate, the tbf queue's "
         f"latency limit {links.tbf_latency_s:g} s (cluster.py). Fitted on the {fit_hosts}-host "
-        "jobs: the links' two numbers and the five constants below. Predicted: every other "
+        "jobs: the links' two numbers and the constants below. Predicted: every other "
         "arm's ratio to `none` and its sync gap, and the allreduce times. The pacer's own "
         "telemetry (round cost, busy share) is not an input.", "",
         "Roles: *in sample*: constants fitted on every "
@@ -1029,6 +1159,11 @@ def testbed_report(jobs: Mapping[tuple[int, str], Sequence[Mapping[str, Any]]],
         "predicted from constants fitted on the other links' jobs. *other host count*: jobs "
         f"with another number of hosts, predicted from all {fit_hosts}-host jobs (the "
         "extrapolation the model is for).", "",
+        "Arms as each job's `.cmd` records their overrides"
+        + (f"; for {', '.join(guessed)} (recorded before arms were listed) from their names"
+           + (f", shadow arms in {chunk_bytes / 2**20:g} MiB chunks (--chunk-mb)"
+              if chunk_bytes else ", shadow arms unchunked") if guessed else "")
+        + "." + (f" Not modelled, left out: {', '.join(unknown)}." if unknown else ""), "",
         "```", TESTBED_DOC.rstrip(), "```", "",
         f"Constants fitted on every {fit_hosts}-host job (the held-out predictions refit "
         "without their link):", "",
@@ -1042,6 +1177,8 @@ def testbed_report(jobs: Mapping[tuple[int, str], Sequence[Mapping[str, Any]]],
         f"| delta, DDP's own cost, compute steps | {k.delta:.3f} | ddp's ratio |",
         f"| lam, background allreduce's wait for the cores, compute steps | {k.stretch:.3f} | "
         "shadow arms' allreduce times |",
+        f"| phi, the same per collective of a chunked round, compute steps | {k.per_chunk:.4f} "
+        "| shadow arms' allreduce times |",
         f"| kappa, share of a round's CPU work training pays | {k.kappa:.3f} | "
         "shadow arms' ratios and gaps |",
         f"| q, exchanges a step that queue behind a round | {k.queued:.3f} | "
@@ -1090,8 +1227,10 @@ def testbed_main(args: argparse.Namespace) -> int:
         print(f"error: no raw/h<N>_<link>.json under {args.testbed}", file=sys.stderr)
         return 2
     links = TestbedLinks(args.link_efficiency, args.unlimited_MBps * 1e6)
+    chunk = None if args.chunk_mb is None else args.chunk_mb * 2**20
     text = testbed_report(jobs, args.testbed, args.fit_hosts, links,
-                          "python " + shlex.join(sys.argv))
+                          "python " + shlex.join(sys.argv), load_arm_overrides(args.testbed),
+                          chunk)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "testbed_fit.md").write_text(text + "\n")
     print(text)
@@ -1121,6 +1260,9 @@ def main() -> int:
         "(writes testbed_fit.md; see TESTBED_DOC in this file)")
     testbed.add_argument("--testbed", type=Path, metavar="DIR",
                          help="frontier.py's --out directory (its raw/h<N>_<link>.json)")
+    testbed.add_argument("--chunk-mb", type=float,
+                         help="shadow arms' sync.chunk_mb (MiB) for jobs whose .cmd does not "
+                              "list their arms' overrides")
     testbed.add_argument("--fit-hosts", type=int, default=2,
                          help="fit the constants on these jobs; the others are out of sample")
     testbed.add_argument("--link-efficiency", type=float, default=TESTBED_LINK_EFFICIENCY,

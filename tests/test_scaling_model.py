@@ -181,7 +181,7 @@ def _job(t0: float = 0.1, hosts: int = 2, link: str = "1gbit", w: float = 1e6,
     beta = LINKS.bandwidth_Bps(link, hosts)
     return sm.TestbedJob(hosts=hosts, link=link, steps=steps, step_s=t0, bandwidth_Bps=beta,
                          round_bytes=s, a2a_s=w / beta, cpu_Bps=LINKS.cpu_Bps(hosts),
-                         queue_s=LINKS.queue_s(link, hosts, s))
+                         link_Bps=LINKS.link_Bps(link), tbf_latency_s=LINKS.tbf_latency_s)
 
 
 def _rows(job: sm.TestbedJob, k: sm.TestbedConstants, arms: list[str] = TB_ARMS,
@@ -219,12 +219,14 @@ def test_link_rates_bandwidth_and_queue() -> None:
     assert LINKS.bandwidth_Bps("unlimited", 4) == pytest.approx(3e8)  # the cores are shared
     assert LINKS.bandwidth_Bps("10gbit", 2) == pytest.approx(6e8)  # tbf above what CPUs move
     assert LINKS.cpu_Bps(4) == pytest.approx(3e8)
+    assert sm.link_rate_Bps("1gbit-bs512") == pytest.approx(1.25e8)  # a --tag variant
     # one ring chunk (S/N) ahead in the queue, capped by tbf's latency limit
-    assert LINKS.queue_s("1gbit", 2, 8e6) == pytest.approx(4e6 / (0.95 * 1.25e8))
-    assert LINKS.queue_s("1gbit", 4, 8e6) == pytest.approx(2e6 / (0.95 * 1.25e8))
-    assert LINKS.queue_s("200mbit", 2, 8e6) == pytest.approx(0.1)
-    assert LINKS.queue_s("10gbit", 2, 8e6) == 0.0  # the cores are the limit: no queue builds
-    assert LINKS.queue_s("unlimited", 2, 8e6) == 0.0
+    assert _job(link="1gbit").queue_s(8e6) == pytest.approx(4e6 / (0.95 * 1.25e8))
+    assert _job(link="1gbit", hosts=4).queue_s(8e6) == pytest.approx(2e6 / (0.95 * 1.25e8))
+    assert _job(link="200mbit").queue_s(8e6) == pytest.approx(0.1)
+    assert _job(link="200mbit").queue_s(65536) == pytest.approx(32768 / (0.95 * 2.5e7))
+    assert _job(link="10gbit").queue_s(8e6) == 0.0  # the cores are the limit: no queue
+    assert _job(link="unlimited").queue_s(8e6) == 0.0
 
 
 def test_parse_testbed_arm() -> None:
@@ -288,9 +290,10 @@ def test_predict_testbed_on_hand_numbers() -> None:
     # T0 = 0.1 s, beta = 1e8 B/s, S = 1e7 B, w = 1e6 B, cores move 1e9 B/s:
     # A = 0.1 s, Ac = 0.01 s, X = 0.01 s, Tc = 0.09 s
     job = sm.TestbedJob(hosts=2, link="x", steps=100, step_s=0.1, bandwidth_Bps=1e8,
-                        round_bytes=1e7, a2a_s=0.01, cpu_Bps=1e9, queue_s=0.05)
+                        round_bytes=1e7, a2a_s=0.01, cpu_Bps=1e9, link_Bps=1e8,
+                        tbf_latency_s=0.1)
     assert job.allreduce_s == pytest.approx(0.1) and job.compute_s == pytest.approx(0.09)
-    assert job.transfer_cpu_s == pytest.approx(0.01)
+    assert job.transfer_cpu_of(1e7) == pytest.approx(0.01)
     k = sm.TestbedConstants(rho=0.5, delta=0.1, kappa=0.5, stretch=1 / 9)  # r = 0.045 s
 
     def arm(name: str) -> sm.TestbedPrediction:
@@ -326,14 +329,16 @@ def test_shadow_queue_term_on_hand_numbers() -> None:
     """A round short against the step (g = 1) on a queueing link: T = T0 + kappa (r + Ac) +
     q Q Ab / T."""
     job = sm.TestbedJob(hosts=2, link="x", steps=100, step_s=0.1, bandwidth_Bps=1e8,
-                        round_bytes=1e6, a2a_s=0.0, cpu_Bps=1e9, queue_s=0.05)
+                        round_bytes=1e6, a2a_s=0.0, cpu_Bps=1e9, link_Bps=1e7,
+                        tbf_latency_s=0.1)
+    assert job.queue_s(1e6) == pytest.approx(0.05)
     k = sm.TestbedConstants(rho=0.1, delta=0.0, kappa=1.0, queued=2.0)  # r = 0.01 s
     back = sm.predict_testbed(sm.parse_testbed_arm("S back to back"), job, k)
     # Ab = A = 0.01, Ac = 0.001: T^2 - 0.111 T - 2 * 0.05 * 0.01 = 0
     assert back.step_s == pytest.approx((0.111 + math.sqrt(0.111**2 + 0.004)) / 2, rel=1e-9)
     assert back.steady_gap == 1.0
     no_queue = sm.predict_testbed(sm.parse_testbed_arm("S back to back"),
-                                  dataclasses.replace(job, queue_s=0.0), k)
+                                  dataclasses.replace(job, link_Bps=None), k)
     assert no_queue.step_s == pytest.approx(0.111)
 
 
@@ -381,8 +386,8 @@ def test_fit_recovers_the_constants_and_predicts_other_host_counts() -> None:
             beta = links.bandwidth_Bps(link, hosts)
             job = sm.TestbedJob(hosts=hosts, link=link, steps=100, step_s=t0,
                                 bandwidth_Bps=beta, round_bytes=8e6, a2a_s=7e5 / beta,
-                                cpu_Bps=links.cpu_Bps(hosts),
-                                queue_s=links.queue_s(link, hosts, 8e6))
+                                cpu_Bps=links.cpu_Bps(hosts), link_Bps=links.link_Bps(link),
+                                tbf_latency_s=links.tbf_latency_s)
             jobs[hosts, link] = _rows(job, TRUE, batch=128, none_by_repeat=(1.0, 0.9, 1.1))
     cal, k, rows = sm.testbed_rows(jobs, fit_hosts=2, links=LINKS)
     assert (cal.efficiency, cal.unlimited_Bps) == pytest.approx((0.8, 3.5e8))
@@ -466,3 +471,61 @@ def test_testbed_report_from_raw_files(tmp_path: Path) -> None:
     assert "| other host count | shadow | 4 |" in text
     with pytest.raises(ValueError, match="no 3-host job"):
         sm.testbed_rows(jobs, fit_hosts=3, links=LINKS)
+
+
+def test_arms_from_recorded_overrides_and_names() -> None:
+    link = sm.parse_testbed_arm("S link 50%")
+    assert (link.kind, link.max_slowdown, link.max_comm_share) == ("shadow", None, 0.5)
+    assert sm.parse_testbed_arm("FR k=5 bf16").wire_factor == 0.5
+    assert sm.parse_testbed_arm("S 5%", chunk_bytes=65536).chunk_bytes == 65536
+    assert sm.parse_testbed_arm("FR k=5", chunk_bytes=65536).chunk_bytes is None  # shadow only
+    recorded = sm.parse_testbed_arm(
+        "S 20%", "sync.algorithm=ma sync.mode=shadow sync.max_slowdown=0.2 "
+        "sync.chunk_mb=0.25 sync.wire_dtype=bfloat16", chunk_bytes=65536)
+    assert (recorded.max_slowdown, recorded.chunk_bytes, recorded.wire_factor) == (
+        0.2, 0.25 * 2**20, 0.5)  # the recorded chunk, not the fallback
+    unchunked = sm.parse_testbed_arm("S back to back", "sync.mode=shadow sync.max_slowdown=null",
+                                     chunk_bytes=65536)
+    assert unchunked.max_slowdown is None and unchunked.chunk_bytes is None
+    assert sm.chunks(recorded, 8e6) == math.ceil(8e6 / 2**18)
+    assert sm.chunks(unchunked, 8e6) == 1
+
+
+def test_chunks_share_and_wire_dtype_in_the_prediction() -> None:
+    job = _job(link="200mbit", t0=0.1, w=0.0, s=8e6)
+    k = dataclasses.replace(TRUE, per_chunk=0.01)
+    whole = sm.predict_testbed(sm.parse_testbed_arm("S back to back"), job, k)
+    chunked = sm.predict_testbed(sm.parse_testbed_arm("S back to back", chunk_bytes=2**20), job, k)
+    # 8 collectives of 1 MiB: phi * 8 Tc more in the background, one MiB queued at most
+    assert chunked.allreduce_s - whole.allreduce_s == pytest.approx(0.01 * 7 * 0.1)
+    assert job.queue_s(2**20) < job.queue_s(8e6)
+    half = sm.predict_testbed(sm.parse_testbed_arm("S link 50%"), job, k)
+    assert half.allreduce_s == whole.allreduce_s  # the pauses are not transfer time
+    assert half.steady_gap > whole.steady_gap  # but the round lasts longer
+    fr, fr16 = (sm.predict_testbed(sm.parse_testbed_arm(n), job, k) for n in ("FR k=1",
+                                                                               "FR k=1 bf16"))
+    assert fr16.allreduce_s == pytest.approx(fr.allreduce_s / 2)
+
+
+def test_arm_overrides_read_from_the_jobs_cmd_files(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    (raw / "h2_1gbit.cmd").write_text(
+        "python benchmarks/frontier.py --hosts 2\n"
+        "  arm none: sync.algorithm=none\n"
+        "  arm S 5%: sync.algorithm=ma sync.mode=shadow sync.max_slowdown=0.05 "
+        "sync.chunk_mb=0.298\n")
+    (raw / "h2_200mbit.cmd").write_text("python benchmarks/frontier.py --hosts 2\n")  # older
+    assert sm.load_arm_overrides(tmp_path) == {(2, "1gbit"): {
+        "none": "sync.algorithm=none",
+        "S 5%": "sync.algorithm=ma sync.mode=shadow sync.max_slowdown=0.05 sync.chunk_mb=0.298"}}
+
+
+def test_report_leaves_out_arms_it_does_not_know(tmp_path: Path) -> None:
+    rows = _rows(_job(), TRUE)
+    rows += [dict(r, arm="S mystery") for r in rows if r["arm"] == "S 5%"]
+    text = sm.testbed_report({(2, "1gbit"): rows}, tmp_path, 2, LINKS, "cmd",
+                             chunk_bytes=2**16)
+    assert "Not modelled, left out: S mystery." in text
+    assert "shadow arms in 0.0625 MiB chunks (--chunk-mb)" in text
+    assert "| S mystery |" not in text
