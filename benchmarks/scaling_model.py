@@ -441,8 +441,9 @@ from each job's ``none`` arm and its link, with constants fitted on the 2-host j
               delta  DDP's own cost delta Tc             ddp's ratio
               lam    the background allreduce's wait     shadow arms' allreduce times
                      for the cores, lam Tc
-              phi    the same per collective, phi Tc     (same)
-              kappa  share of r + Ac training pays       shadow arms' ratios and gaps
+              phi    CPU work of one collective, phi Tc  (same)
+              kappa  share of a background round's CPU   shadow arms' ratios and gaps
+                     work that training pays
               q      exchanges a step that queue behind  shadow arms' ratios and gaps
                      a round's bytes
     ddp       T = T0 + delta Tc + A                      no overlap with backward (worst case)
@@ -453,7 +454,7 @@ from each job's ``none`` arm and its link, with constants fitted on the 2-host j
                                                          and waits for the cores
               R  = r + Ab / share                        a round's duration (max_comm_share
                                                          pauses between chunks)
-              back to back: T = T0 + kappa (r + Ac) / g + q Q min(1, Ab / (g T)),
+              back to back: T = T0 + kappa (r + Ac + phi n_k Tc) / g + q Q min(1, Ab / (g T)),
                             g = max(1, R/T + 1/2)        (solved together: a delta waits for
                             the next step boundary, half a step on average; a share
                             Ab / (g T) of the steps run while the link carries a round)
@@ -857,7 +858,8 @@ def predict_testbed(arm: TestbedArm, job: TestbedJob, k: TestbedConstants) -> Te
     n_chunks = chunks(arm, size)
     background = a * (1 + job.a2a_s / t0) + (k.stretch + k.per_chunk * n_chunks) * tc
     queue = job.queue_s(size / n_chunks)
-    step, gap = _back_to_back(t0, k.kappa * (r + job.transfer_cpu_of(size)), k.queued * queue,
+    cpu = r + job.transfer_cpu_of(size) + k.per_chunk * n_chunks * tc
+    step, gap = _back_to_back(t0, k.kappa * cpu, k.queued * queue,
                               background, r + background / arm.max_comm_share)
     cost = gap * (step - t0)
     steady, first = gap, gap
@@ -1009,15 +1011,18 @@ def _arm(name: str, overrides: Mapping[str, str] | None, chunk_bytes: float | No
         return None
 
 
+JobChunks = Mapping[tuple[int, str], float]  # per job: shadow chunk bytes where not recorded
+
+
 def _points(measured: Mapping[tuple[int, str], Mapping[str, TestbedMeasured]],
             links: TestbedLinks, overrides: Mapping[tuple[int, str], Mapping[str, str]],
-            chunk_bytes: float | None) -> Fitted:
+            chunk_bytes: JobChunks) -> Fitted:
     """(arm, job, measurement) for every known arm but ``none`` of the given jobs."""
     points = []
     for (hosts, link), arms in sorted(measured.items()):
         job = testbed_job(hosts, link, arms, links)
         for name, m in arms.items():
-            arm = _arm(name, overrides.get((hosts, link)), chunk_bytes)
+            arm = _arm(name, overrides.get((hosts, link)), chunk_bytes.get((hosts, link)))
             if arm is not None and arm.kind != "none":
                 points.append((arm, job, m))
     return points
@@ -1026,7 +1031,7 @@ def _points(measured: Mapping[tuple[int, str], Mapping[str, TestbedMeasured]],
 def testbed_rows(jobs: Mapping[tuple[int, str], Sequence[Mapping[str, Any]]], fit_hosts: int,
                  links: TestbedLinks,
                  overrides: Mapping[tuple[int, str], Mapping[str, str]] | None = None,
-                 chunk_bytes: float | None = None
+                 chunk_bytes: JobChunks | None = None
                  ) -> tuple[TestbedLinks, TestbedConstants, list[dict[str, Any]]]:
     """The links and constants fitted on every ``fit_hosts`` job, and one row per (job, arm but
     ``none``, role), each role an honest use of a fit:
@@ -1037,7 +1042,7 @@ def testbed_rows(jobs: Mapping[tuple[int, str], Sequence[Mapping[str, Any]]], fi
     * other host count: every other job, predicted from the fit on all ``fit_hosts`` jobs:
       the extrapolation the model is for.
     """
-    recorded = overrides or {}
+    recorded, chunk_bytes = overrides or {}, chunk_bytes or {}
     measured = {(hosts, link): measure_testbed(rows, hosts)
                 for (hosts, link), rows in sorted(jobs.items())}
     fit_keys = [key for key in measured if key[0] == fit_hosts]
@@ -1132,14 +1137,16 @@ def _headline_role(hosts: int, fit_hosts: int, roles: set[str]) -> str:
 def testbed_report(jobs: Mapping[tuple[int, str], Sequence[Mapping[str, Any]]],
                    directory: Path, fit_hosts: int, links: TestbedLinks, command: str,
                    overrides: Mapping[tuple[int, str], Mapping[str, str]] | None = None,
-                   chunk_bytes: float | None = None) -> str:
+                   chunk_bytes: JobChunks | None = None) -> str:
     """``testbed_fit.md``: inputs, fitted constants, the error summary per role and family, then
     predicted vs measured per job (its most out-of-sample prediction)."""
     calibrated, k, rows = testbed_rows(jobs, fit_hosts, links, overrides, chunk_bytes)
-    recorded = overrides or {}
+    recorded, chunk_bytes = overrides or {}, chunk_bytes or {}
     unknown = sorted({r["arm"] for key, runs in jobs.items() for r in runs
-                      if _arm(r["arm"], recorded.get(key), chunk_bytes) is None})
-    guessed = sorted(f"h{h}_{link}" for h, link in jobs if (h, link) not in recorded)
+                      if _arm(r["arm"], recorded.get(key), chunk_bytes.get(key)) is None})
+    guessed = [f"h{h}_{link}" + (f" (shadow in {chunk_bytes[h, link] / 2**20:g} MiB chunks)"
+                                 if (h, link) in chunk_bytes else " (shadow unchunked)")
+               for h, link in sorted(jobs) if (h, link) not in recorded]
     batches = sorted({measure_testbed(r, h)["none"].batch_size for (h, _), r in jobs.items()})
     files = ", ".join(f"`h{h}_{link}.json` ({len(r)} runs)"
                       for (h, link), r in sorted(jobs.items()))
@@ -1160,9 +1167,8 @@ def testbed_report(jobs: Mapping[tuple[int, str], Sequence[Mapping[str, Any]]],
         f"with another number of hosts, predicted from all {fit_hosts}-host jobs (the "
         "extrapolation the model is for).", "",
         "Arms as each job's `.cmd` records their overrides"
-        + (f"; for {', '.join(guessed)} (recorded before arms were listed) from their names"
-           + (f", shadow arms in {chunk_bytes / 2**20:g} MiB chunks (--chunk-mb)"
-              if chunk_bytes else ", shadow arms unchunked") if guessed else "")
+        + (f"; from their names for the jobs recorded before arms were listed: "
+           f"{', '.join(guessed)} (--chunk-mb)" if guessed else "")
         + "." + (f" Not modelled, left out: {', '.join(unknown)}." if unknown else ""), "",
         "```", TESTBED_DOC.rstrip(), "```", "",
         f"Constants fitted on every {fit_hosts}-host job (the held-out predictions refit "
@@ -1227,7 +1233,14 @@ def testbed_main(args: argparse.Namespace) -> int:
         print(f"error: no raw/h<N>_<link>.json under {args.testbed}", file=sys.stderr)
         return 2
     links = TestbedLinks(args.link_efficiency, args.unlimited_MBps * 1e6)
-    chunk = None if args.chunk_mb is None else args.chunk_mb * 2**20
+    chunk = {}
+    for spec in args.chunk_mb or []:
+        name, _, mib = spec.rpartition("=")
+        keys = [key for key in jobs if not name or f"h{key[0]}_{key[1]}" == name]
+        if not keys:
+            print(f"error: --chunk-mb {spec}: no job {name}", file=sys.stderr)
+            return 2
+        chunk.update({key: float(mib) * 2**20 for key in keys if name or key not in chunk})
     text = testbed_report(jobs, args.testbed, args.fit_hosts, links,
                           "python " + shlex.join(sys.argv), load_arm_overrides(args.testbed),
                           chunk)
@@ -1260,9 +1273,10 @@ def main() -> int:
         "(writes testbed_fit.md; see TESTBED_DOC in this file)")
     testbed.add_argument("--testbed", type=Path, metavar="DIR",
                          help="frontier.py's --out directory (its raw/h<N>_<link>.json)")
-    testbed.add_argument("--chunk-mb", type=float,
-                         help="shadow arms' sync.chunk_mb (MiB) for jobs whose .cmd does not "
-                              "list their arms' overrides")
+    testbed.add_argument("--chunk-mb", nargs="+", metavar="[JOB=]MIB",
+                         help="shadow arms' sync.chunk_mb for jobs whose .cmd does not list "
+                              "their arms' overrides: h2_200mbit=0.0625 for one job, a bare "
+                              "number for the others")
     testbed.add_argument("--fit-hosts", type=int, default=2,
                          help="fit the constants on these jobs; the others are out of sample")
     testbed.add_argument("--link-efficiency", type=float, default=TESTBED_LINK_EFFICIENCY,

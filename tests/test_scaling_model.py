@@ -5,6 +5,7 @@ Pure arithmetic: no processes, no measurement.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import importlib.util
 import json
@@ -499,6 +500,12 @@ def test_chunks_share_and_wire_dtype_in_the_prediction() -> None:
     # 8 collectives of 1 MiB: phi * 8 Tc more in the background, one MiB queued at most
     assert chunked.allreduce_s - whole.allreduce_s == pytest.approx(0.01 * 7 * 0.1)
     assert job.queue_s(2**20) < job.queue_s(8e6)
+    # training pays kappa of the collectives' CPU work (no queue here to tell them apart)
+    arm, quiet = sm.parse_testbed_arm("S back to back", chunk_bytes=2**20), dataclasses.replace(
+        job, link_Bps=None)
+    with_phi = sm.predict_testbed(arm, quiet, k).round_cost_s
+    without = sm.predict_testbed(arm, quiet, dataclasses.replace(k, per_chunk=0.0)).round_cost_s
+    assert with_phi - without == pytest.approx(k.kappa * 0.01 * 8 * 0.1)
     half = sm.predict_testbed(sm.parse_testbed_arm("S link 50%"), job, k)
     assert half.allreduce_s == whole.allreduce_s  # the pauses are not transfer time
     assert half.steady_gap > whole.steady_gap  # but the round lasts longer
@@ -525,7 +532,26 @@ def test_report_leaves_out_arms_it_does_not_know(tmp_path: Path) -> None:
     rows = _rows(_job(), TRUE)
     rows += [dict(r, arm="S mystery") for r in rows if r["arm"] == "S 5%"]
     text = sm.testbed_report({(2, "1gbit"): rows}, tmp_path, 2, LINKS, "cmd",
-                             chunk_bytes=2**16)
+                             chunk_bytes={(2, "1gbit"): 2**16})
     assert "Not modelled, left out: S mystery." in text
-    assert "shadow arms in 0.0625 MiB chunks (--chunk-mb)" in text
+    assert "listed: h2_1gbit (shadow in 0.0625 MiB chunks) (--chunk-mb)" in text
     assert "| S mystery |" not in text
+
+
+def test_testbed_command_line_chunk_fallbacks(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "raw").mkdir()
+    for link in ("1gbit", "200mbit"):
+        (tmp_path / "raw" / f"h2_{link}.json").write_text(json.dumps(_rows(_job(link=link),
+                                                                           TRUE)))
+
+    def run(*chunks: str) -> int:
+        args = argparse.Namespace(testbed=tmp_path, fit_hosts=2, link_efficiency=0.95,
+                                  unlimited_MBps=600.0, chunk_mb=list(chunks), out=tmp_path)
+        return sm.testbed_main(args)
+
+    assert run("h2_1gbit=0.0625", "0.5") == 0
+    text = (tmp_path / "testbed_fit.md").read_text()
+    assert "h2_1gbit (shadow in 0.0625 MiB chunks), h2_200mbit (shadow in 0.5 MiB chunks)" in text
+    assert run("h4_1gbit=1") == 2
+    assert "no job h4_1gbit" in capsys.readouterr().err
