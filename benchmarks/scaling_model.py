@@ -1203,7 +1203,11 @@ def testbed_report(jobs: Mapping[tuple[int, str], Sequence[Mapping[str, Any]]],
                      f"{_abs_pct(s['gap_median'])} | {_abs_pct(s['gap_max'])} | "
                      f"{_abs_pct(s['at_gap_median'])} | {_abs_pct(s['at_gap_max'])} |")
     parts += ["", "FR gaps follow from k and the step count, so their error is ~0 by "
-              "construction; the shadow gaps are the model's.", ""]
+              "construction; the shadow gaps are the model's."]
+    if all(h == fit_hosts for h, _ in jobs):
+        parts += ["", f"**No job with another host count yet**: every error above is within "
+                  f"{fit_hosts} hosts; the extrapolation across host counts is unchecked."]
+    parts += [""]
     for (hosts, link) in sorted({(r["hosts"], r["link"]) for r in rows},
                                 key=lambda hl: (hl[0], -(link_rate_Bps(hl[1]) or math.inf))):
         mine = [r for r in rows if (r["hosts"], r["link"]) == (hosts, link)]

@@ -470,6 +470,7 @@ def test_testbed_report_from_raw_files(tmp_path: Path) -> None:
     assert "## 2 hosts, 200mbit: in sample" in text  # one 2-host link: nothing to hold out
     assert "## 4 hosts, 200mbit: other host count" in text
     assert "| other host count | shadow | 4 |" in text
+    assert "No job with another host count" not in text
     with pytest.raises(ValueError, match="no 3-host job"):
         sm.testbed_rows(jobs, fit_hosts=3, links=LINKS)
 
@@ -534,6 +535,7 @@ def test_report_leaves_out_arms_it_does_not_know(tmp_path: Path) -> None:
     text = sm.testbed_report({(2, "1gbit"): rows}, tmp_path, 2, LINKS, "cmd",
                              chunk_bytes={(2, "1gbit"): 2**16})
     assert "Not modelled, left out: S mystery." in text
+    assert "**No job with another host count yet**" in text
     assert "listed: h2_1gbit (shadow in 0.0625 MiB chunks) (--chunk-mb)" in text
     assert "| S mystery |" not in text
 
