@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests._dist import SMALL
+
 REPO = Path(__file__).resolve().parents[1]
 _PATH = REPO / "benchmarks" / "cluster.py"
 _spec = importlib.util.spec_from_file_location("cluster", _PATH)
@@ -28,19 +30,8 @@ sys.modules["cluster"] = cl  # dataclasses look their module up by name
 _spec.loader.exec_module(cl)
 
 NAME = f"ci{os.getpid()}"
-# The training CLI, small: 26 tables of 1,000 rows, 10 steps of 128, 2 eval batches.
-TRAIN = [
-    "-m", "shadowsync.pipelines.train", "--config", "synthetic",
-    "data.options.num_embeddings=1000",
-    "train.batch_size=128",
-    "model.embedding_dim=8",
-    "model.dense_arch_layer_sizes=[16,8]",
-    "eval.batch_size=1024",
-    "eval.max_batches=2",
-    "eval.every_steps=null",
-    "train.log_every=1000",
-    "train.steps=10",
-]
+# The training CLI at test size, 10 steps.
+TRAIN = ["-m", "shadowsync.pipelines.train", *SMALL, "train.steps=10"]
 # Host 1 fails at once; host 0 would sleep for a minute (as a rank waiting on a dead peer would).
 FAIL_ON_H1 = ["--no-python", "sh", "-c",
               'if [ "$GROUP_RANK" = 1 ]; then echo failing; exit 3; fi; echo waiting; sleep 60']

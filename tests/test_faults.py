@@ -33,22 +33,11 @@ from shadowsync.pipelines import checkpoint, faults, train
 from shadowsync.pipelines import trainer as trainer_module
 from shadowsync.pipelines.config import load_config
 from shadowsync.torchx_components.train import train as train_component
-from tests._dist import free_port, run_ranks
+from tests._dist import SMALL, free_port, run_ranks
 from tests.faulty_train import _Poisoned
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
-SMALL = [
-    "--config", "synthetic",
-    "data.options.num_embeddings=1000",
-    "train.batch_size=128",
-    "model.embedding_dim=8",
-    "model.dense_arch_layer_sizes=[16,8]",
-    "eval.batch_size=1024",
-    "eval.max_batches=2",
-    "eval.every_steps=null",
-    "train.log_every=1000",
-]
 JOB_TIMEOUT_S = 150  # a hard stop for any one job; the bounds asserted below are far tighter
 EXIT_BOUND_S = 30  # fault (or fault detected) -> every process gone; torchrun's grace is 30 s
 _FAULT = re.compile(r"FAULT \S+ rank \d+ at (\d+\.\d+)")

@@ -84,6 +84,24 @@ def spread(replicas: list[Tensor]) -> float:
     return (replicas[0] - replicas[1]).norm().item()
 
 
+def train_until_sync_error(model: nn.Module, runner: Any, rank: int, steps: int,
+                           before_step: Callable[[int], None] = lambda step: None
+                           ) -> tuple[SyncError | None, float]:
+    """Train with ``runner`` until a step raises SyncError (or ``steps`` pass); returns the
+    error and when it was raised. ``before_step(step)`` runs before each runner step."""
+    error: SyncError | None = None
+    for step, (x, y) in enumerate(rank_data(rank, steps), start=1):
+        train_step(model, x, y)
+        before_step(step)
+        try:
+            runner.step()
+        except SyncError as exc:
+            error = exc
+            break
+        time.sleep(STEP_SLEEP_S)
+    return error, time.time()
+
+
 # ----------------------------------------------------------------------------- world of one
 @pytest.fixture
 def world1() -> Iterator[dist.ProcessGroup]:
@@ -395,16 +413,7 @@ def fault_run(rank: int, world_size: int) -> dict[str, Any]:
     runner = ShadowSyncRunner(params_of(model), strategy, new_sync_group(
         timeout=timedelta(seconds=20)))
     runner.start()
-    error: SyncError | None = None
-    for x, y in rank_data(rank, 3000):
-        train_step(model, x, y)
-        try:
-            runner.step()
-        except SyncError as exc:
-            error = exc
-            break
-        time.sleep(STEP_SLEEP_S)
-    raised_at = time.time()
+    error, raised_at = train_until_sync_error(model, runner, rank, 3000)
     with pytest.raises(SyncError):
         runner.stop()
     return {"message": str(error), "cause": repr(error.__cause__) if error else None,
@@ -531,16 +540,7 @@ def stage_failures(rank: int, world_size: int) -> dict[str, Any]:
                                new_sync_group(timeout=timedelta(seconds=30)),
                                stage=stage if rank == 1 else None, min_interval_s=0.005)
         runner.start()
-        error: SyncError | None = None
-        for x, y in rank_data(rank, 5000):
-            train_step(model, x, y)
-            try:
-                runner.step()
-            except SyncError as exc:
-                error = exc
-                break
-            time.sleep(STEP_SLEEP_S)
-        raised_at = time.time()
+        error, raised_at = train_until_sync_error(model, runner, rank, 5000)
         with contextlib.suppress(SyncError):
             runner.stop()
         out[stage] = {"message": str(error), "raised_at": raised_at,
@@ -566,18 +566,13 @@ def nonfinite_run(rank: int, world_size: int) -> dict[str, Any]:
     runner = ShadowSyncRunner(params_of(model), ModelAveraging(),
                               new_sync_group(timeout=timedelta(seconds=20)))
     runner.start()
-    error: SyncError | None = None
-    for step, (x, y) in enumerate(rank_data(rank, 3000), start=1):
-        train_step(model, x, y)
+
+    @torch.no_grad()
+    def poison(step: int) -> None:
         if rank == 0 and step == 40:
-            with torch.no_grad():
-                next(model.parameters())[0, 0] = math.nan
-        try:
-            runner.step()
-        except SyncError as exc:
-            error = exc
-            break
-        time.sleep(STEP_SLEEP_S)
+            next(model.parameters())[0, 0] = math.nan
+
+    error, _ = train_until_sync_error(model, runner, rank, 3000, poison)
     with contextlib.suppress(SyncError):
         runner.stop()
     peer_finite = bool(flat(model).isfinite().all()) if rank == 1 else None
