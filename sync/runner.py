@@ -275,9 +275,9 @@ class SyncRunner(abc.ABC):
         self._chunk_numel = (self._comm.numel() if chunk_bytes is None
                              else max(1, chunk_bytes // self._comm.element_size()))
         self._peers_told = False  # an abort round was spent, or peers cannot be reached
-        # Seconds paused between chunks per second of chunk transfer (shadow's max_comm_share),
-        # and how long the last round paused so.
-        self._chunk_pause = 0.0
+        # Seconds paused per second of synchronization work (shadow's max_comm_share: between
+        # chunks and after the round), and how long the last round paused between chunks.
+        self._comm_pause = 0.0
         self._paused_in_round = 0.0
         self._snapshot_step = 0  # the training step the snapshot was taken at
         self._stream: torch.cuda.Stream | None = None
@@ -437,13 +437,13 @@ class SyncRunner(abc.ABC):
                 for i, chunk in enumerate(chunks):
                     sent = time.perf_counter()
                     dist.all_reduce(chunk, op=dist.ReduceOp.SUM, group=self._group)
-                    if paced and self._chunk_pause > 0 and i + 1 < len(chunks):
+                    if paced and self._comm_pause > 0 and i + 1 < len(chunks):
                         # Leave the link to training's own traffic for a while: the round's
                         # share of link time stays max_comm_share within the round too. The
                         # fastest chunk so far is the transfer time; a slower one also waited
                         # for a peer's pause, and pausing on that would feed back.
                         fastest = min(fastest, time.perf_counter() - sent)
-                        pause = fastest * self._chunk_pause
+                        pause = fastest * self._comm_pause
                         time.sleep(pause)
                         paused += pause
             except BaseException:
@@ -772,9 +772,8 @@ class ShadowSyncRunner(SyncRunner):
                              f"got {deadline_s}")
         self._pacer = SlowdownPacer(max_slowdown) if max_slowdown is not None else None
         super().__init__(params, strategy, group, chunk_bytes=chunk_bytes)
-        self._chunk_pause = 1 / max_comm_share - 1
+        self._comm_pause = 1 / max_comm_share - 1
         self._min_interval_s = min_interval_s
-        self._max_comm_share = max_comm_share
         self._deadline_s = deadline_s
         if self._device.type == "cuda":
             self._stream = torch.cuda.Stream(self._device)
@@ -791,11 +790,6 @@ class ShadowSyncRunner(SyncRunner):
         self._round_open = False  # a snapshot was taken and its delta not yet applied
         self._step_began: float | None = None
         self._step_busy = False
-
-    @property
-    def pacer(self) -> SlowdownPacer | None:
-        """The accepted-slowdown pacer, when ``max_slowdown`` was given."""
-        return self._pacer
 
     def _pacing_stats(self) -> dict[str, float]:
         if self._pacer is None:
@@ -967,7 +961,7 @@ class ShadowSyncRunner(SyncRunner):
         paused = self._paused_in_round
         busy = ended - began - paused
         resume = max(began + self._min_interval_s,
-                     ended + busy * (1 / self._max_comm_share - 1) - paused,
+                     ended + busy * self._comm_pause - paused,
                      ended + quiet_s)
         delay = resume - time.perf_counter()
         if delay > 0:
