@@ -3,8 +3,10 @@ planned sharding, and its optimizers. The training loop lives in :mod:`.trainer`
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+import warnings
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -13,7 +15,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torchrec.distributed.model_parallel import DistributedModelParallel, get_unwrapped_module
-from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints
+from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
+from torchrec.distributed.planner.types import KernelConfig, TopologyFactory, TrainerConfig
 from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.distributed.types import ShardingPlan
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
@@ -44,6 +48,48 @@ _DENSE_OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
     "sgd": torch.optim.SGD,
 }
 CPU_SHARDING_TYPES = ("table_wise", "column_wise", "table_column_wise", "data_parallel")
+
+
+class _DropMessages(logging.Filter):
+    """Drops the log records whose message starts with one of ``prefixes``."""
+
+    def __init__(self, *prefixes: str) -> None:
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.prefixes)
+
+
+# Logged on every rank by TorchRec and torch about their own calls, with nothing a caller can
+# change; each is dropped by the exact start of its message, on the logger that logs it.
+_LOG_NOISE = {
+    # once per data_parallel table: such tables take no caching params (this job sets none)
+    "torchrec.distributed.utils": _DropMessages(
+        "Sharding Type is data_parallel, caching params will be ignored"),
+    # the planner's plan check (on the root logger): data_parallel tables have no sharding spec
+    "": _DropMessages("Sharding spec not found for "),
+    # TorchRec's modules call torch.fx's is_fx_tracing(), which torch deprecates
+    "torch.fx._symbolic_trace": _DropMessages("is_fx_tracing will return true"),
+}
+
+
+def quiet_third_party_warnings() -> None:
+    """Silences third-party warnings this job has checked and cannot act on (idempotent)."""
+    for name, drop in _LOG_NOISE.items():
+        logging.getLogger(name).addFilter(drop)
+    # fbgemm registers its dense (data_parallel) lookup for the CPU/CUDA keys only, and the
+    # kernel records its own autograd Function, so torch's fallback adds nothing but a hook
+    # that warns in backward: the tables' gradients equal an unsharded model's
+    # (tests/test_data_parallel.py).
+    warnings.filterwarnings(
+        "ignore", category=UserWarning,
+        message="fbgemm::dense_embedding_codegen_lookup_function: an autograd kernel was not "
+                "registered")
+    # TorchRec itself builds the DistributedDataParallel of data_parallel tables this way.
+    warnings.filterwarnings("ignore", category=FutureWarning,
+                            message="`broadcast_buffers` is deprecated",
+                            module=r"torchrec\.distributed\.")
 
 
 @dataclass(frozen=True)
@@ -121,14 +167,17 @@ def sharding_constraints(cfg: RunConfig, spec: DataSpec, device: torch.device) -
 
 
 def _meta_model_and_planner(
-    cfg: RunConfig, spec: DataSpec, world_size: int, device: torch.device
+    cfg: RunConfig, spec: DataSpec, world_size: int, device: torch.device,
+    local_world_size: int | None = None,
 ) -> tuple[nn.Module, EmbeddingShardingPlanner]:
     """The model on ``meta`` with its embedding optimizer fused into backward, and a planner
-    for ``world_size`` ranks on ``device``.
+    for ``world_size`` ranks on ``device``, ``local_world_size`` of them per host (default:
+    ``LOCAL_WORLD_SIZE``, else all on one host).
 
     Raises :class:`~shadowsync.models.init.NotInitializable` naming any module that
     DistributedModelParallel could materialize but not initialize.
     """
+    quiet_third_party_warnings()
     model = build_dlrm(
         cfg.model, len(spec.dense_names), spec.sparse_names, spec.num_embeddings,
         torch.device("meta"),
@@ -140,24 +189,31 @@ def _meta_model_and_planner(
         model.model.sparse_arch.embedding_bag_collection.parameters(),
         _optimizer_kwargs(sparse, cfg.optim.sparse_lr, cfg.optim.eps),
     )
-    topology = Topology(
-        world_size=world_size,
-        compute_device=device.type,
-        local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", world_size)),
+    if local_world_size is None:
+        local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    # TorchRec's own constructors: a Topology built directly, or the planner's default
+    # HeuristicalStorageReservation, each log a deprecation warning on every rank.
+    topology = TopologyFactory.create_topology(
+        TrainerConfig(world_size=world_size, local_world_size=local_world_size),
+        kernel_config=KernelConfig(compute_device=device.type),
     )
     planner = EmbeddingShardingPlanner(
         topology=topology,
         batch_size=cfg.train.batch_size,
+        # the planner's default margin; the dense part (<= 8 MB in every preset) needs no
+        # estimate of its own
+        storage_reservation=FixedPercentageStorageReservation(0.15),
         constraints=sharding_constraints(cfg, spec, device),
     )
     return model, planner
 
 
 def check_sharding(cfg: RunConfig, spec: DataSpec, world_size: int,
-                   device: torch.device) -> None:
-    """Plans the sharding once without any process group (~0.1 s), so that an impossible
-    setting fails before ranks meet, as a ``ValueError`` naming the ``sharding`` settings."""
-    model, planner = _meta_model_and_planner(cfg, spec, world_size, device)
+                   device: torch.device, local_world_size: int | None = None) -> None:
+    """Plans the sharding once without any process group, so that an impossible setting fails
+    before ranks meet (or before a job is submitted), as a ``ValueError`` naming the
+    ``sharding`` settings."""
+    model, planner = _meta_model_and_planner(cfg, spec, world_size, device, local_world_size)
     try:
         planner.plan(model, get_default_sharders())
     except RuntimeError as e:  # TorchRec's planner reports infeasible constraints this way
