@@ -90,6 +90,11 @@ def quiet_third_party_warnings() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning,
                             message="`broadcast_buffers` is deprecated",
                             module=r"torchrec\.distributed\.")
+    # TorchRec 1.8's sharded tables hold ShardedTensors, which torch's checkpoint reader warns
+    # about on every load.
+    warnings.filterwarnings("ignore", category=FutureWarning,
+                            message="Please use DTensor instead and we are deprecating "
+                                    "ShardedTensor")
 
 
 @dataclass(frozen=True)
