@@ -1,11 +1,15 @@
 """What every file-backed data set shares: turning arrays into a TorchRec ``Batch``, and
 deciding which rows each rank reads so that all ranks step in lock-step.
 
-Sharding rule (all data sets but ``synthetic``): a split of ``N`` rows read with batch size
-``B`` by ``W`` ranks gives every rank ``N // (B * W)`` full batches. In training, the remaining
-``N % (B * W)`` rows (the last partial global batch) are not read in that pass; the count is
-returned by :func:`batches_per_rank`, kept in the data set's ``stats`` and logged. Evaluation
-reads them too, as one shorter last batch per rank (:func:`tail_share`).
+Sharding rule (all data sets but ``synthetic``), :func:`plan_steps`: a split of ``N`` rows
+read with batch size ``B`` by ``W`` ranks gives every rank ``N // (B * W)`` full batches. In
+training, the remaining ``N % (B * W)`` rows (the last partial global batch) are not read in
+that pass; the count is kept in the data set's ``stats`` and logged. Evaluation reads them
+too, as TorchRec's ``InMemoryBinaryCriteoIterDataPipe(drop_last=False)`` does: one more step
+whose rows are spread over the ranks (sizes differ by at most one), and when there are fewer
+of them than ranks the last full step joins them (then each rank's last batch has ``B`` or
+``B + 1`` rows). Every row is scored at every world size; a split with fewer rows than ranks
+is an error.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import abc
 import logging
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -25,46 +30,67 @@ from shadowsync.datasets.base import RecDataset
 logger = logging.getLogger("shadowsync.datasets")
 
 
-def batches_per_rank(num_rows: int, batch_size: int, rank: int, world_size: int) -> tuple[int, int]:
-    """Full batches per rank and the rows of the last partial global batch left unread."""
+@dataclass(frozen=True)
+class StepPlan:
+    """Lock-step batches of a split: ``full_steps`` steps of ``batch_size`` rows on every rank,
+    then, when ``last`` is not empty, one step of ``last[r]`` rows on rank ``r``. Global step
+    ``k`` covers the split's rows in order, rank ``r`` taking the ``r``-th piece."""
+
+    batch_size: int
+    full_steps: int
+    last: tuple[int, ...]
+    unread: int
+
+    def sizes(self, rank: int) -> np.ndarray:
+        """Rows of each batch of rank ``rank``."""
+        sizes = np.full(self.full_steps + bool(self.last), self.batch_size, dtype=np.int64)
+        if self.last:
+            sizes[-1] = self.last[rank]
+        return sizes
+
+    def window_starts(self, rank: int, world_size: int) -> np.ndarray:
+        """First split row of each batch of ``rank`` when global steps are dealt round-robin."""
+        step = self.batch_size * world_size
+        starts = np.arange(self.full_steps, dtype=np.int64) * step + rank * self.batch_size
+        if self.last:
+            starts = np.append(starts, self.full_steps * step + sum(self.last[:rank]))
+        return starts
+
+    def share_start(self, rank: int) -> int:
+        """First split row of ``rank`` when every rank reads one contiguous share."""
+        return rank * self.full_steps * self.batch_size + sum(self.last[:rank])
+
+
+def plan_steps(
+    num_rows: int, batch_size: int, rank: int, world_size: int, read_tail: bool
+) -> StepPlan:
+    """The lock-step batches of a split (see the module docstring); ``read_tail`` for eval."""
     if batch_size <= 0:
         raise ValueError(f"batch size must be positive, got {batch_size}")
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is not in a world of {world_size}")
-    per_rank = num_rows // (batch_size * world_size)
-    return per_rank, num_rows - per_rank * batch_size * world_size
-
-
-def tail_share(first: int, rows: int, rank: int, world_size: int) -> tuple[int, int]:
-    """Rank ``rank``'s contiguous part of ``rows`` rows starting at ``first``, as even as can be."""
-    base, extra = divmod(rows, world_size)
-    lo = first + rank * base + min(rank, extra)
-    return lo, lo + base + (1 if rank < extra else 0)
-
-
-def window_starts(
-    num_rows: int, batch_size: int, rank: int, world_size: int, seed: int | None
-) -> tuple[np.ndarray, int]:
-    """First rows of the batch-sized windows rank ``rank`` reads, and the rows left unread.
-
-    The split is cut into windows of ``batch_size`` consecutive rows; global step ``k`` reads
-    windows ``k * W .. k * W + W - 1`` (rank ``r`` takes the ``r``-th), so without a seed the
-    global stream keeps the split's order, as TorchRec's ``InMemoryBinaryCriteoIterDataPipe``
-    does. A seed permutes the windows (rows inside a window stay together, which keeps reads
-    sequential on memory-mapped files).
-    """
-    per_rank, unread = batches_per_rank(num_rows, batch_size, rank, world_size)
-    windows = num_rows // batch_size
-    order = np.random.default_rng(seed).permutation(windows) if seed is not None else None
-    chosen = (np.arange(windows) if order is None else order)[: per_rank * world_size]
-    return chosen[rank::world_size].astype(np.int64) * batch_size, unread
+    full, tail = divmod(num_rows, batch_size * world_size)
+    if not read_tail or tail == 0:
+        return StepPlan(batch_size, full, (), tail)
+    if tail < world_size:
+        if full == 0:
+            raise ValueError(
+                f"the split has {num_rows} rows, fewer than the {world_size} ranks that must "
+                "each score at least one"
+            )
+        full, tail = full - 1, tail + batch_size * world_size  # the last full step joins
+    base, extra = divmod(tail, world_size)
+    return StepPlan(batch_size, full, tuple(base + (r < extra) for r in range(world_size)), 0)
 
 
 class WindowedDataset(RecDataset):
     """A data set whose splits can be read at any row (arrays in memory or memory-mapped).
 
-    Every pass deals batch windows to ranks with :func:`window_starts`; training windows are
-    permuted per ``(seed, epoch)`` when ``shuffle`` is set, evaluation is always in order.
+    Every pass deals the global steps of :func:`plan_steps` to ranks round-robin (rank ``r``
+    reads the ``r``-th window of each), as TorchRec's ``InMemoryBinaryCriteoIterDataPipe`` does.
+    With ``shuffle``, training permutes the ``B``-row windows per ``(seed, epoch)`` (rows inside
+    a window stay together, which keeps reads sequential on memory-mapped files); evaluation is
+    always in order.
     ``stats[split]`` counts ``batches`` and ``unread_tail_rows`` over all passes and ranks.
     """
 
@@ -82,29 +108,25 @@ class WindowedDataset(RecDataset):
         """Rows ``[start, stop)`` of ``split`` as one batch."""
 
     def _pass(
-        self, split: str, batch_size: int, rank: int, world_size: int, seed: int | None,
-        tail: bool = False,
+        self, split: str, batch_size: int, rank: int, world_size: int, seed: int | None
     ) -> Iterator[Batch]:
         num_rows = self.num_rows(split)
-        starts, unread = window_starts(num_rows, batch_size, rank, world_size, seed)
-        for start in starts.tolist():
-            yield self.fetch(split, start, start + batch_size)
-        batches = len(starts)
-        if tail and unread >= world_size:
-            # One more, shorter batch per rank (sizes differ by at most one row), so that
-            # evaluation scores every row; every rank still takes the same number of steps.
-            lo, hi = tail_share(num_rows - unread, unread, rank, world_size)
-            yield self.fetch(split, lo, hi)
-            batches += 1
-            unread = 0
-        self.stats[split].update(batches=batches, unread_tail_rows=unread)
-        report_pass(self.name, split, rank, batches, 0, unread)
+        plan = plan_steps(num_rows, batch_size, rank, world_size, read_tail=split == "eval")
+        if seed is None:
+            starts = plan.window_starts(rank, world_size)
+        else:  # training only, so every step is a full one
+            order = np.random.default_rng(seed).permutation(num_rows // batch_size)
+            starts = order[: plan.full_steps * world_size][rank::world_size] * batch_size
+        for start, size in zip(starts.tolist(), plan.sizes(rank).tolist(), strict=True):
+            yield self.fetch(split, start, start + size)
+        self.stats[split].update(batches=len(starts), unread_tail_rows=plan.unread)
+        report_pass(self.name, split, rank, len(starts), 0, plan.unread)
 
     def batches(
         self, split: str, batch_size: int, rank: int, world_size: int, epoch: int = 0
     ) -> Iterator[Batch]:
         if split == "eval":
-            return self._pass("eval", batch_size, rank, world_size, None, tail=True)
+            return self._pass("eval", batch_size, rank, world_size, None)
         seed = self.seed * 1_000_003 + epoch if self.shuffle else None
         return self._pass(split, batch_size, rank, world_size, seed)
 

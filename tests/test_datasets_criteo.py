@@ -87,30 +87,139 @@ def test_parses_values_empties_and_hashing(tmp_path: Path) -> None:
     assert e.labels.tolist() == [1.0]
 
 
-BAD_ROWS = {
+DENSE_HINT = r"must be empty or a decimal integer \(optional '-', then 1 to 18 digits\)"
+ID_HINT = r"must be empty or 1 to 8 hex digits \(0-9, a-f, A-F\)"
+LATIN1 = row(dense=["caf\xe9"] + ["1"] * 12).encode("latin-1")
+BAD_ROWS: dict[str, tuple[str | bytes, str]] = {
     "too few fields": ("\t".join(["1"] * 12), "expected 40 tab-separated fields, got 12"),
     "too many fields": (row() + "\t1", "expected 40 tab-separated fields, got 41"),
-    "non-numeric dense": (row(dense=["abc"] + ["1"] * 12), "int_0 must be an integer, got 'abc'"),
-    "float dense": (row(dense=["1"] * 12 + ["1.5"]), "int_12 must be an integer, got '1.5'"),
-    "non-hex id": (row(cats=[HEX] * 25 + ["zz"]), "cat_25 must be a hex id of at most 8 digits"),
-    "long id": (row(cats=["123456789"] + [HEX] * 25), "cat_0 must be a hex id of at most 8 digits"),
+    "non-numeric dense": (row(dense=["abc"] + ["1"] * 12), f"int_0 {DENSE_HINT}, got 'abc'"),
+    "float dense": (row(dense=["1"] * 12 + ["1.5"]), f"int_12 {DENSE_HINT}, got '1.5'"),
+    "hex dense": (row(dense=["0x10"] + ["1"] * 12), f"int_0 {DENSE_HINT}, got '0x10'"),
+    "spaced dense": (row(dense=[" 5"] + ["1"] * 12), f"int_0 {DENSE_HINT}, got ' 5'"),
+    "plus dense": (row(dense=["+5"] + ["1"] * 12), rf"int_0 {DENSE_HINT}, got '\+5'"),
+    "NA dense": (row(dense=["1", "NA"] + ["1"] * 11), f"int_1 {DENSE_HINT}, got 'NA'"),
+    "nan dense": (row(dense=["1", "nan"] + ["1"] * 11), f"int_1 {DENSE_HINT}, got 'nan'"),
+    "minus only": (row(dense=["-"] + ["1"] * 12), f"int_0 {DENSE_HINT}, got '-'"),
+    "20-digit dense": (
+        row(dense=["9" * 20] + ["1"] * 12),
+        "int_0 has 20 digits, more than the 18 that always fit the int64 it is read as: got "
+        f"'{'9' * 20}'",
+    ),
+    "non-hex id": (row(cats=[HEX] * 25 + ["zz"]), f"cat_25 {ID_HINT}, got 'zz'"),
+    "long id": (row(cats=["123456789"] + [HEX] * 25), f"cat_0 {ID_HINT}, got '123456789'"),
+    "control byte id": (
+        row(cats=["0a1b2c3\x15"] + [HEX] * 25),
+        rf"cat_0 {ID_HINT}, got '0a1b2c3\\x15'",
+    ),
     "bad label": (row(label="2"), "label must be 0 or 1, got '2'"),
     "empty label": (row(label=""), "label must be 0 or 1, got ''"),
+    "00 label": (row(label="00"), "label must be 0 or 1, got '00'"),
+    "-0 label": (row(label="-0"), "label must be 0 or 1, got '-0'"),
+    "0x1 label": (row(label="0x1"), "label must be 0 or 1, got '0x1'"),
     "empty line": ("", "empty line"),
+    "all tabs": ("\t" * 39, "label must be 0 or 1, got ''"),
+    "latin-1 byte": (LATIN1, rf"int_0 {DENSE_HINT}, got b'caf\\xe9'"),
+    "latin-1 byte, 3 fields": (b"1\tcaf\xe9\t2", "expected 40 tab-separated fields, got 3"),
+    "lone CR": (row()[:30] + "\r" + row()[30:], "a carriage return inside the line"),
 }
 
 
+def write_bytes(path: Path, lines: list[str | bytes]) -> str:
+    path.write_bytes(b"".join((x if isinstance(x, bytes) else x.encode()) + b"\n" for x in lines))
+    return str(path)
+
+
 @pytest.mark.parametrize("kind", sorted(BAD_ROWS))
+@pytest.mark.parametrize("neighbour", ["good", "bad"])
 def test_bad_row_raises_with_file_and_line_or_is_skipped_and_counted(
-    tmp_path: Path, kind: str
+    tmp_path: Path, kind: str, neighbour: str
 ) -> None:
+    """Every kind is caught the same way whether its block holds only good rows or also
+    another bad one (pyarrow once took a different path for such blocks)."""
     text, message = BAD_ROWS[kind]
-    path = write(tmp_path / "day_0", [row(), row(), text, row()])
-    with pytest.raises(CriteoFormatError, match=f"{path}: line 3: {message}"):
-        read_all(tsv(path, eval_fraction=0.25))
-    ds = tsv(path, eval_fraction=0.25, on_bad_row="skip")
-    assert sum(len(b.labels) for b in read_all(ds, batch_size=3)) == 2
-    assert ds.bad_rows == 1 and ds.stats["train"]["bad_rows"] == 1
+    other = row() if neighbour == "good" else row(dense=["abc"] * 13)
+    path = write_bytes(tmp_path / "day_0", [row("0"), text, row("1"), other, row("1")])
+    with pytest.raises(CriteoFormatError, match=f"^{path}: line 2: {message}"):
+        read_all(tsv(path, eval_fraction=0.2))
+    ds = tsv(path, eval_fraction=0.2, on_bad_row="skip")
+    (batch,) = read_all(ds, batch_size=4)
+    assert batch.labels.tolist() == ([0.0, 1.0, 1.0] if neighbour == "good" else [0.0, 1.0])
+    assert ds.bad_rows == ds.stats["train"]["bad_rows"] == (1 if neighbour == "good" else 2)
+
+
+ACCEPTED_DENSE = {"": 0, "-0": 0, "007": 7, "-5": -5, "9" * 18: 10**18 - 1, "12": 12}
+
+
+@pytest.mark.parametrize("neighbour", ["good", "bad"])
+def test_accepted_values_do_not_depend_on_their_neighbours(tmp_path: Path, neighbour: str) -> None:
+    values = list(ACCEPTED_DENSE)
+    dense = values + ["1"] * (13 - len(values))
+    cats = ["", "a", "0A1b2C3d", "ffffffff", "00000010"] + [HEX] * 21
+    other = row() if neighbour == "good" else row(label="00")
+    path = write_bytes(tmp_path / "day_0", [row("1", dense, cats), other, row()])
+    ds = tsv(path, num_embeddings=2**31 - 1, eval_fraction=0.34, on_bad_row="skip")
+    batch = read_all(ds, batch_size=2)[0]
+    raw = np.array([*ACCEPTED_DENSE.values()] + [1] * (13 - len(values)))
+    assert torch.equal(
+        batch.dense_features[0], torch.from_numpy(np.log1p(np.maximum(raw, 0))).float()
+    )
+    ids = batch.sparse_features.values().view(26, -1)[:, 0].tolist()
+    assert ids[:5] == [0, 10, 0x0A1B2C3D, 0xFFFFFFFF % (2**31 - 1), 16]
+
+
+def test_skip_mode_never_yields_an_empty_batch(tmp_path: Path) -> None:
+    bad = row(label="2")
+    path = write_bytes(tmp_path / "day_0", [row(), bad, row(), row(), bad, row(), row(), row()])
+    ds = tsv(path, eval_paths=path, on_bad_row="skip")
+    assert [len(b.labels) for b in read_all(ds, batch_size=2)] == [1, 2, 1, 2]
+    assert ds.stats["train"] == {"bad_rows": 2, "batches": 4, "unread_tail_rows": 0}
+    path = write_bytes(tmp_path / "day_1", [row(), row(), bad, bad, row(), row()])
+    ds = tsv(path, eval_paths=path, on_bad_row="skip")
+    with pytest.raises(
+        CriteoFormatError,
+        match=f"^{path}: line 3: this line and the rest of the train batch 1 it starts are all "
+        "bad, so the batch would be empty",
+    ):
+        read_all(ds, batch_size=2)
+    assert [len(b.labels) for b in read_all(ds, batch_size=3)] == [2, 2]
+
+
+def test_cr_only_and_over_long_lines(tmp_path: Path) -> None:
+    """A CR-only file is one line: short, it holds carriage returns; longer than a block, it is
+    dropped as it is read, never held whole."""
+    short = tmp_path / "day_0"
+    short.write_bytes(("\r".join([row()] * 3) + "\r").encode())
+    with pytest.raises(CriteoFormatError, match=f"^{short}: line 1: a carriage return inside"):
+        read_all(tsv(str(short), eval_paths=str(short)))
+    long = tmp_path / "day_1"
+    long.write_bytes(
+        f"{row('0')}\n".encode()
+        + ("\r".join([row()] * 40) + "\r").encode()
+        + f"\n{row('0')}".encode()
+    )
+    with pytest.raises(
+        CriteoFormatError, match=f"^{long}: line 2: longer than block_size \\(4096 bytes; CR-only"
+    ):
+        read_all(tsv(str(long), eval_paths=str(long), block_size=4096))
+    ds = tsv([str(short), str(long)], eval_paths=str(short), on_bad_row="skip", block_size=4096)
+    assert [len(b.labels) for b in read_all(ds, batch_size=2)] == [1, 1]  # lines 1-2, 3-4
+    assert ds.stats["train"]["bad_rows"] == 2
+    tail = tmp_path / "day_2"  # an over-long last line without a newline
+    tail.write_bytes(f"{row('0')}\n".encode() + b"1" * 10_000)
+    ds = tsv(str(tail), eval_paths=str(tail), on_bad_row="skip", block_size=4096)
+    assert [b.labels.tolist() for b in read_all(ds, batch_size=2)] == [[0.0]]
+
+
+def test_gzip_is_recognised_by_content(tmp_path: Path) -> None:
+    lines = [row("1"), row("0"), row("1")]
+    plain = write(tmp_path / "day_0", lines)
+    hidden = tmp_path / "day_1"  # gzip, though not named .gz
+    hidden.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
+    named = write(tmp_path / "day_2.gz", lines)  # plain text, though named .gz
+    expected = read_all(tsv(plain, eval_paths=plain), batch_size=3)
+    for path in (str(hidden), named):
+        assert_same(read_all(tsv(path, eval_paths=path), batch_size=3), expected)
 
 
 def test_truncated_last_line(tmp_path: Path) -> None:
@@ -173,7 +282,17 @@ def days(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     return paths
 
 
-def test_tsv_ranks_read_disjoint_complete_shares(days: list[str], tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def npy_dir(days: list[str], tmp_path_factory: pytest.TempPathFactory) -> str:
+    out = str(tmp_path_factory.mktemp("npy"))
+    preprocess_main(["--out", out, "--num-embeddings", "1000", *days])
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_tsv_ranks_read_disjoint_complete_shares(
+    days: list[str], tmp_path: Path, world: int
+) -> None:
     bad = str(tmp_path / "day_3")
     write_criteo_tsv(SyntheticCriteo(2**31 - 1, seed=9), bad, 2000, bad_row_every=97)
     paths = [*days, bad]
@@ -181,21 +300,72 @@ def test_tsv_ranks_read_disjoint_complete_shares(days: list[str], tmp_path: Path
     assert ds.num_rows("train") + ds.num_rows("eval") == 3001 + 2500 + 1203 + 2000
     for split in ("train", "eval"):
         size = ds.num_rows(split)
-        every = row_keys(read_all(ds, split, batch_size=128 * 2))
-        shares = []
-        for rank in (0, 1):
-            it = (
-                ds.train_batches(128, rank, 2)
-                if split == "train"
-                else ds.eval_batches(128, rank, 2)
-            )
-            batches = list(it)
-            assert len(batches) == size // 256  # lock-step: same count on every rank
-            shares.append(row_keys(batches))
-        assert not set(shares[0]) & set(shares[1])
-        assert sorted(shares[0] + shares[1]) == sorted(every)
+        every = row_keys(read_all(ds, split, batch_size=128 * world))  # one rank, in order
+        shares = [row_keys(list(ds.batches(split, 128, rank, world))) for rank in range(world)]
+        counts = {len(list(ds.batches(split, 128, rank, world))) for rank in range(world)}
+        assert counts == {size // (128 * world) + (split == "eval")}  # lock-step
+        assert sum(shares, []) == every  # contiguous shares, in order, each row once
         assert len(set(every)) == len(every)  # rows are unique, so "exactly once" is checked
-        assert ds.stats[split]["unread_tail_rows"] == 3 * (size % 256)  # 3 passes counted
+    assert ds.stats["train"]["unread_tail_rows"] == (1 + 2 * world) * (
+        ds.num_rows("train") % (128 * world)
+    )
+    assert ds.stats["eval"]["unread_tail_rows"] == 0  # evaluation reads every line
+
+
+EVAL_TAILS = {  # 3001 rows: batch size -> world size -> (full steps, the last step's rows)
+    100: {1: (30, [1]), 2: (14, [101, 100]), 3: (9, [101, 100, 100])},
+    64: {1: (46, [57]), 2: (23, [29, 28]), 3: (15, [41, 40, 40])},
+}
+
+
+@pytest.mark.parametrize("batch_size", sorted(EVAL_TAILS))
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_tsv_eval_scores_every_row_at_any_world_size(
+    days: list[str], batch_size: int, world: int
+) -> None:
+    ds = tsv(days[1], num_embeddings=2**31 - 1, eval_paths=days[0])
+    full, last = EVAL_TAILS[batch_size][world]
+    shares = []
+    for rank in range(world):
+        batches = list(ds.eval_batches(batch_size, rank, world))
+        assert [len(b.labels) for b in batches] == [batch_size] * full + [last[rank]]
+        shares += row_keys(batches)
+    assert shares == row_keys(read_all(ds, "eval", batch_size=3001))
+    assert ds.stats["eval"]["unread_tail_rows"] == 0
+
+
+def test_eval_with_fewer_rows_than_ranks_is_an_error(tmp_path: Path) -> None:
+    path = write(tmp_path / "day_0", [row()] * 2)
+    ds = tsv(path, eval_paths=path)
+    with pytest.raises(ValueError, match="the split has 2 rows, fewer than the 3 ranks"):
+        list(ds.eval_batches(1, 0, 3))
+
+
+def test_shuffle_buffer_is_seeded_bounded_and_off_by_default(days: list[str]) -> None:
+    plain = tsv(days, num_embeddings=2**31 - 1, eval_paths=days[2])
+    mixed = tsv(days, num_embeddings=2**31 - 1, eval_paths=days[2], shuffle_buffer=500, seed=3)
+    for rank in (0, 1):
+        in_order = list(plain.train_batches(64, rank, 2))
+        share = slice(rank * 52 * 64, (rank + 1) * 52 * 64)  # 6704 // 128 = 52 batches each
+        assert row_keys(in_order) == row_keys(read_all(plain, batch_size=128))[share]
+        shuffled = list(mixed.train_batches(64, rank, 2))
+        assert [len(b.labels) for b in shuffled] == [64] * 52  # 6704 rows // 128
+        before, after = row_keys(in_order), row_keys(shuffled)
+        assert sorted(before) == sorted(after) and before != after
+        # A row is drawn from the buffer at most buffer + batch rows before its place.
+        place = {key: i for i, key in enumerate(before)}
+        moved = [place[key] - i for i, key in enumerate(after)]
+        assert max(moved) < 500 + 64 and max(moved) > 64  # across batches, within the bound
+        again = list(mixed.train_batches(64, rank, 2))  # a replay (resume) finds the same
+        assert row_keys(again) == after
+        assert row_keys(list(mixed.train_batches(64, rank, 2, epoch=1))) != after
+    reseeded = tsv(days, num_embeddings=2**31 - 1, eval_paths=days[2], shuffle_buffer=500, seed=4)
+    assert row_keys(list(reseeded.train_batches(64, 0, 2))) != row_keys(
+        list(mixed.train_batches(64, 0, 2))
+    )
+    assert row_keys(list(mixed.eval_batches(64, 0, 1))) == row_keys(read_all(plain, "eval", 64))
+    with pytest.raises(ValueError, match="data.options.shuffle_buffer must be >= 0"):
+        tsv(days, shuffle_buffer=-1)
 
 
 def test_index_cache_is_reused(days: list[str], tmp_path: Path) -> None:
@@ -220,8 +390,46 @@ def test_tsv_to_npy_to_loader_gives_the_same_batches(days: list[str], tmp_path: 
         assert_same(list(npy.train_batches(100, rank, 2)), whole[rank : len(whole) // 2 * 2 : 2])
     val = list(npy.eval_batches(100, 0, 1))  # val: the first ceil(n / 2) rows of the last day
     assert npy.num_rows("eval") == math.ceil(1203 / 2)
-    assert sum(len(b.labels) for b in val) == npy.num_rows("eval")  # a short last batch too
+    assert [len(b.labels) for b in val] == [100] * 6 + [2]  # a short last batch too
     assert_same(val[:-1], read_all(direct, "eval", batch_size=100)[: len(val) - 1])
+
+
+def torchrec_npy(
+    out: str, stage: str, days: list[str], batch_size: int, rank: int, world: int
+) -> InMemoryBinaryCriteoIterDataPipe:
+    """TorchRec's own reader of npy days, keeping the tail (``drop_last=False``)."""
+    dense, sparse, labels = (list(p) for p in zip(*(npy_paths(out, d) for d in days), strict=True))
+    return InMemoryBinaryCriteoIterDataPipe(
+        stage, dense, sparse, labels, batch_size, rank, world, drop_last=False, mmap_mode=True
+    )
+
+
+def assert_same_as_torchrec(ours: list[Batch], theirs: InMemoryBinaryCriteoIterDataPipe) -> None:
+    theirs_list = list(theirs)
+    assert len(ours) == len(theirs_list)
+    for a, b in zip(ours, theirs_list, strict=True):
+        assert torch.equal(a.dense_features, b.dense_features)
+        assert torch.equal(a.labels, b.labels.float())
+        assert torch.equal(a.sparse_features.values(), b.sparse_features.values().long())
+
+
+@pytest.mark.parametrize("batch_size", [64, 100])
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_npy_eval_is_torchrecs_batch_for_batch_and_scores_every_row(
+    npy_dir: str, batch_size: int, world: int
+) -> None:
+    """The test half of the last day (601 rows): at batch size 100 a 1-row tail (fewer rows
+    than ranks, so the last full step joins it), at 64 tails of 25 and 89 rows."""
+    npy = CriteoNpy(npy_dir, eval_stage="test")
+    shares = []
+    for rank in range(world):
+        ours = list(npy.eval_batches(batch_size, rank, world))
+        assert_same_as_torchrec(
+            ours, torchrec_npy(npy_dir, "test", ["day_2"], batch_size, rank, world)
+        )
+        shares += row_keys(ours)
+    assert sorted(shares) == sorted(row_keys(list(npy.eval_batches(601, 0, 1))))
+    assert len(shares) == 601
 
 
 def test_preprocess_skips_bad_rows_into_exact_files(tmp_path: Path) -> None:

