@@ -1,101 +1,146 @@
-"""Input throughput: our Criteo TSV reader against TorchRec's, and the npy loader alone.
+"""Input throughput, side by side with TorchRec's readers doing the same work.
 
-Writes a synthetic Criteo TSV day (``write_criteo_tsv``), then times, on that same file:
-TorchRec's ``CriteoIterDataPipe`` (rows parsed into Python dicts, no batching), our
-``criteo_tsv`` (parsed, transformed, hashed and batched into TorchRec ``Batch``es; the line
-index is timed apart), the TSV -> npy conversion, and ``criteo_npy`` batches. Each reader
-runs ``--repeat`` times and its best time counts. Prints a Markdown table.
+Writes a synthetic Criteo TSV day (``write_criteo_tsv``) and converts it to npy
+(``criteo_preprocess``), then times, in interleaved rounds so that a busy machine slows
+every reader alike, two pairs that produce the same batches (dense float32
+``log(1 + max(x, 0))``, a KJT of ids modulo the table sizes, float labels):
 
-    python benchmarks/bench_data.py --rows 500000 --repeat 3
+- TSV: TorchRec's ``CriteoIterDataPipe`` (its own per-value casting) batched into ``Batch``es
+  with our transforms, against ``criteo_tsv`` (with and without pyarrow's threads);
+- npy: TorchRec's ``InMemoryBinaryCriteoIterDataPipe(mmap_mode=True)`` against ``criteo_npy``
+  on the same files.
+
+Prints the median rows/s of each reader with the range over rounds, and per-round speed
+ratios (ours / TorchRec's) with their range; a claim holds only if the whole range does.
+The line index and the TSV -> npy conversion are timed once.
+
+    python benchmarks/bench_data.py --rows 200000 --rounds 5
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
-from torchrec.datasets.criteo import CriteoIterDataPipe
+import numpy as np
+from torchrec.datasets.criteo import (
+    DEFAULT_CAT_NAMES,
+    DEFAULT_INT_NAMES,
+    DEFAULT_LABEL_NAME,
+    CriteoIterDataPipe,
+    InMemoryBinaryCriteoIterDataPipe,
+)
+from torchrec.datasets.utils import Batch
 
 from shadowsync.datasets import CriteoNpy, CriteoTSV, SyntheticCriteo, write_criteo_tsv
+from shadowsync.datasets.batching import make_batch
+from shadowsync.datasets.criteo_npy import npy_paths
 from shadowsync.datasets.criteo_preprocess import preprocess
+from shadowsync.datasets.criteo_tsv import dense_transform, hash_ids
 
 
-def timed(
-    run: Callable[[], Iterable[object]], count: Callable[[object], int], repeat: int
-) -> tuple[int, float]:
-    """Rows produced by iterating ``run()`` and the best seconds of ``repeat`` runs (the
-    machine is shared, so the fastest run is the least disturbed one)."""
-    best, rows = float("inf"), 0
-    for _ in range(repeat):
-        start = time.perf_counter()
-        rows = sum(count(item) for item in run())
-        best = min(best, time.perf_counter() - start)
-    return rows, best
+def torchrec_tsv_batches(path: str, batch_size: int, num_embeddings: int) -> Iterator[Batch]:
+    """TorchRec's TSV reader taken to our output: its rows (label and dense cast to int, ids
+    as strings, empty as 0 / ""), ``batch_size`` at a time, through our transforms."""
+    sizes = np.full(len(DEFAULT_CAT_NAMES), num_embeddings, dtype=np.int64)
+    rows: list[dict[str, int | str]] = []
+    for row in CriteoIterDataPipe([path]):
+        rows.append(row)
+        if len(rows) == batch_size:
+            dense = np.array([[r[n] for n in DEFAULT_INT_NAMES] for r in rows], dtype=np.int64)
+            ids = np.array(
+                [[int(r[n] or "0", 16) for n in DEFAULT_CAT_NAMES] for r in rows], dtype=np.int64
+            )
+            labels = np.array([r[DEFAULT_LABEL_NAME] for r in rows], dtype=np.float32)
+            yield make_batch(
+                dense_transform(dense), labels, DEFAULT_CAT_NAMES, hash_ids(ids, sizes)
+            )
+            rows = []
+
+
+def count_rows(batches: Iterable[Batch]) -> int:
+    return sum(len(b.labels) for b in batches)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=int, default=500_000, help="rows of the timed TSV day")
+    parser.add_argument("--rows", type=int, default=200_000, help="rows of the timed TSV day")
     parser.add_argument("--batch-size", type=int, default=4096)
     parser.add_argument("--num-embeddings", type=int, default=100_000)
-    parser.add_argument("--repeat", type=int, default=3, help="runs per reader; the best counts")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved runs of every reader")
     args = parser.parse_args()
+    b, n_emb = args.batch_size, args.num_embeddings
     with tempfile.TemporaryDirectory() as tmp:
-        day0, day1 = f"{tmp}/day_0", f"{tmp}/day_1"
-        synthetic = SyntheticCriteo(num_embeddings=args.num_embeddings)
+        day0, day1, out = f"{tmp}/day_0", f"{tmp}/day_1", f"{tmp}/npy"
+        synthetic = SyntheticCriteo(num_embeddings=n_emb)
         write_criteo_tsv(synthetic, day0, args.rows, missing=0.05)
         write_criteo_tsv(synthetic, day1, 10_000, split="eval")
-
-        def batch_rows(batch: object) -> int:
-            return len(batch.labels)  # type: ignore[attr-defined]
-
-        results: list[tuple[str, int, float]] = []
+        once: list[tuple[str, int, float]] = []
         start = time.perf_counter()
-        ours = CriteoTSV(day0, args.num_embeddings, eval_paths=day1, index_cache_dir=None)
-        results.append(
+        ours = CriteoTSV(day0, n_emb, eval_paths=day1, index_cache_dir=None)
+        once.append(
             ("criteo_tsv line index (once per file)", args.rows, time.perf_counter() - start)
         )
-        theirs = timed(lambda: CriteoIterDataPipe([day0]), lambda _: 1, args.repeat)
-        results.append(("TorchRec CriteoIterDataPipe (rows, no batching)", *theirs))
-        results.append(
-            (
-                "criteo_tsv batches",
-                *timed(lambda: ours.train_batches(args.batch_size, 0, 1), batch_rows, args.repeat),
-            )
-        )
-        single = CriteoTSV(
-            day0, args.num_embeddings, eval_paths=day1, use_threads=False, index_cache_dir=None
-        )
-        results.append(
-            (
-                "criteo_tsv batches, use_threads=False",
-                *timed(
-                    lambda: single.train_batches(args.batch_size, 0, 1), batch_rows, args.repeat
-                ),
-            )
-        )
+        single = CriteoTSV(day0, n_emb, eval_paths=day1, use_threads=False, index_cache_dir=None)
         start = time.perf_counter()
-        preprocess([day0, day1], f"{tmp}/npy", args.num_embeddings)
-        results.append(
+        preprocess([day0, day1], out, n_emb)
+        once.append(
             ("criteo_preprocess TSV -> npy", args.rows + 10_000, time.perf_counter() - start)
         )
-        npy = CriteoNpy(f"{tmp}/npy")
-        results.append(
-            (
-                "criteo_npy batches (memory-mapped)",
-                *timed(lambda: npy.train_batches(args.batch_size, 0, 1), batch_rows, args.repeat),
-            )
-        )
+        npy = CriteoNpy(out)
+        dense, sparse, labels = (
+            [p] for p in npy_paths(out, "day_0")
+        )  # the training day, as TorchRec is given it
 
-    base = theirs[0] / theirs[1]
-    print(f"\n{args.rows:,} rows, batch size {args.batch_size}\n")
-    print("| reader | rows | seconds | rows/s | vs TorchRec TSV |")
-    print("|---|---:|---:|---:|---:|")
-    for name, rows, seconds in results:
-        rate = rows / seconds
-        print(f"| {name} | {rows:,} | {seconds:.2f} | {rate:,.0f} | {rate / base:.1f}x |")
+        readers: dict[str, Callable[[], Iterable[Batch]]] = {
+            "TorchRec CriteoIterDataPipe -> Batch": lambda: torchrec_tsv_batches(day0, b, n_emb),
+            "criteo_tsv": lambda: ours.train_batches(b, 0, 1),
+            "criteo_tsv, use_threads=False": lambda: single.train_batches(b, 0, 1),
+            "TorchRec InMemoryBinaryCriteoIterDataPipe (mmap)": lambda: (
+                InMemoryBinaryCriteoIterDataPipe(
+                    "train", dense, sparse, labels, b, 0, 1, drop_last=True, mmap_mode=True
+                )
+            ),
+            "criteo_npy (mmap)": lambda: npy.train_batches(b, 0, 1),
+        }
+        rows: dict[str, int] = {}
+        seconds: dict[str, list[float]] = {name: [] for name in readers}
+        for _ in range(args.rounds):
+            for name, run in readers.items():
+                start = time.perf_counter()
+                rows[name] = count_rows(run())
+                seconds[name].append(time.perf_counter() - start)
+
+    print(f"\n{args.rows:,} rows, batch size {b}, {args.rounds} interleaved rounds\n")
+    print("| reader | rows | rows/s (median) | rows/s (min - max) |")
+    print("|---|---:|---:|---:|")
+    for name, times in seconds.items():
+        rates = [rows[name] / t for t in times]
+        print(
+            f"| {name} | {rows[name]:,} | {statistics.median(rates):,.0f} "
+            f"| {min(rates):,.0f} - {max(rates):,.0f} |"
+        )
+    for name, n, t in once:
+        print(f"| {name} | {n:,} | {n / t:,.0f} | (one run) |")
+    print("\n| ours / TorchRec's, per round | median | min - max |")
+    print("|---|---:|---:|")
+    pairs = [
+        ("criteo_tsv", "TorchRec CriteoIterDataPipe -> Batch"),
+        ("criteo_tsv, use_threads=False", "TorchRec CriteoIterDataPipe -> Batch"),
+        ("criteo_npy (mmap)", "TorchRec InMemoryBinaryCriteoIterDataPipe (mmap)"),
+    ]
+    for a, theirs in pairs:
+        ratios = [
+            (rows[a] / ta) / (rows[theirs] / tb)
+            for ta, tb in zip(seconds[a], seconds[theirs], strict=True)
+        ]
+        print(
+            f"| {a} / {theirs} | {statistics.median(ratios):.2f}x "
+            f"| {min(ratios):.2f}x - {max(ratios):.2f}x |"
+        )
 
 
 if __name__ == "__main__":

@@ -157,8 +157,8 @@ def make_batch(
     # Sizes per key are known here, so the KJT need not recompute them from the lengths.
     kjt = KeyedJaggedTensor(
         keys=keys,
-        values=torch.from_numpy(np.concatenate(values)),
-        lengths=torch.from_numpy(np.concatenate(lengths)),
+        values=torch.from_numpy(values[0] if not bags else np.concatenate(values)),
+        lengths=torch.from_numpy(lengths[0] if not bags else np.concatenate(lengths)),
         stride=n,
         length_per_key=per_key,
         offset_per_key=np.concatenate([[0], np.cumsum(per_key)]).tolist(),

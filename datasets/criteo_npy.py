@@ -3,13 +3,15 @@
 Splits follow TorchRec's ``InMemoryBinaryCriteoIterDataPipe``: every day but the last is
 training; the last day is cut in halves, the first ``ceil(n / 2)`` rows ``val`` and the rest
 ``test`` (``eval_stage`` picks which one :meth:`eval_batches` reads). Batches are windows of
-consecutive rows dealt to ranks round-robin (:func:`~shadowsync.datasets.batching.window_starts`);
-``shuffle`` permutes the windows per ``(seed, epoch)``.
+consecutive rows dealt to ranks round-robin, the evaluation tail included, as TorchRec's reader
+with ``drop_last=False`` deals them (:class:`~shadowsync.datasets.batching.WindowedDataset`);
+``shuffle`` permutes the training windows per ``(seed, epoch)``.
 
 Files written by ``python -m shadowsync.datasets.criteo_preprocess`` carry ``meta.json`` with
-their table sizes. Files made by TorchRec's own ``npy_preproc_criteo`` (raw int64 ids) load too
-when ``num_embeddings`` is given, as ids are always taken modulo the table sizes; their dense
-values are ``log(x - min + 2)`` with the file's own minimum, not our ``log(1 + max(x, 0))``.
+their table sizes, and their ids are already reduced modulo them. Files made by TorchRec's own
+``npy_preproc_criteo`` (raw int64 ids, no ``meta.json``) load too when ``num_embeddings`` is
+given: their ids are then taken modulo the table sizes at read time; their dense values are
+``log(x - min + 2)`` with the file's own minimum, not our ``log(1 + max(x, 0))``.
 """
 
 from __future__ import annotations
@@ -24,7 +26,12 @@ from torchrec.datasets.utils import Batch
 
 from shadowsync.datasets.base import register_dataset
 from shadowsync.datasets.batching import WindowedDataset, make_batch
-from shadowsync.datasets.criteo_tsv import criteo_spec, hash_ids, natural_key
+from shadowsync.datasets.criteo_tsv import (
+    CAT_FEATURE_COUNT,
+    INT_FEATURE_COUNT,
+    criteo_spec,
+    natural_key,
+)
 
 META_FILE = "meta.json"
 
@@ -114,6 +121,8 @@ class CriteoNpy(WindowedDataset):
             ),
         }
         self._sizes = np.asarray(self.spec.num_embeddings, dtype=np.int64)
+        # criteo_preprocess stored ids already modulo these sizes (meta.json says which).
+        self._reduce = stored is None
         self.shuffle = shuffle
         self.seed = seed
         self.stats: dict[str, Counter[str]] = {"train": Counter(), "eval": Counter()}
@@ -139,20 +148,24 @@ class CriteoNpy(WindowedDataset):
         last = self._splits[split][-1]
         return last.start + last.hi - last.lo
 
-    def _rows(self, split: str, start: int, stop: int) -> list[np.ndarray]:
-        """Dense, sparse and labels of split rows ``[start, stop)`` (may span days)."""
-        parts: list[list[np.ndarray]] = [[], [], []]
+    def fetch(self, split: str, start: int, stop: int) -> Batch:
+        """Rows ``[start, stop)`` (may span days), copied once out of the maps: ids straight
+        into the feature-major int64 layout the KJT keeps, so no further copy is made."""
+        n = stop - start
+        dense = np.empty((n, INT_FEATURE_COUNT), dtype=np.float32)
+        ids = np.empty((CAT_FEATURE_COUNT, n), dtype=np.int64)
+        labels = np.empty(n, dtype=np.float32)
         for seg in self._splits[split]:
             lo, hi = max(start - seg.start, 0), min(stop - seg.start, seg.hi - seg.lo)
             if lo < hi:
-                for part, arr in zip(parts, seg.arrays, strict=True):
-                    part.append(arr[seg.lo + lo : seg.lo + hi])
-        return [np.concatenate(p) for p in parts]  # a copy: batches never alias the maps
-
-    def fetch(self, split: str, start: int, stop: int) -> Batch:
-        dense, sparse, labels = self._rows(split, start, stop)
-        ids = hash_ids(sparse.astype(np.int64), self._sizes)
-        return make_batch(dense, labels, self.spec.sparse_names, ids)
+                out = slice(seg.start + lo - start, seg.start + hi - start)
+                rows = slice(seg.lo + lo, seg.lo + hi)
+                dense[out] = seg.arrays[0][rows]
+                ids[:, out] = seg.arrays[1][rows].T
+                labels[out] = seg.arrays[2][rows, 0]
+        if self._reduce:
+            ids %= self._sizes[:, None]
+        return make_batch(dense, labels, self.spec.sparse_names, ids.T)
 
 
 def _segments(
