@@ -9,8 +9,8 @@ touches anyone else's (``ip netns list`` may show other clusters; only ours are 
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -140,12 +140,13 @@ def test_limited_link_and_training_across_hosts(root_ns: None) -> None:
     log = "\n".join(f"[h{h}] {line}" for h, line in lines)
     assert rc == 0, log[-4000:]
     assert any(h == 0 and "world 2 on cpu (gloo)" in line for h, line in lines), log[-4000:]
-    summaries = [json.loads(line[line.index("{"):]) for h, line in lines
-                 if h == 0 and '"summary": true' in line]
-    assert len(summaries) == 1, log[-4000:]
-    assert summaries[0]["step"] == 10 and summaries[0]["eval_examples"] > 0, summaries
-    assert any(h == 1 for h, _ in lines)  # host 1 ran too, and its output came back
-    # Its all-to-alls and dense syncs went over host 1's emulated link.
+    host0 = "\n".join(line for h, line in lines if h == 0)  # rank 0's summary table, once
+    assert len(re.findall(r"(^|:)metric +value$", host0, re.M)) == 1, log[-4000:]
+    assert re.search(r"(^|:)step +10$", host0, re.M), log[-4000:]
+    assert re.search(r"(^|:)eval_examples +[1-9][\d,]*$", host0, re.M), log[-4000:]
+    # Host 1 ran too: its all-to-alls and dense syncs went over its emulated link. (Its rank
+    # prints nothing now that third-party warnings are quiet; test_sigterm_tears_down checks
+    # that a host's output comes back.)
     assert sent - sent_before > 100_000 and received > 100_000, (sent, received)
     assert _ours() == []
 
