@@ -8,11 +8,14 @@ every reader alike, two pairs that produce the same batches (dense float32
 - TSV: TorchRec's ``CriteoIterDataPipe`` (its own per-value casting) batched into ``Batch``es
   with our transforms, against ``criteo_tsv`` (with and without pyarrow's threads);
 - npy: TorchRec's ``InMemoryBinaryCriteoIterDataPipe(mmap_mode=True)`` against ``criteo_npy``
-  on the same files.
+  on the same files, ``--npy-passes`` passes per timing (one pass is too short to time).
 
 Prints the median rows/s of each reader with the range over rounds, and per-round speed
 ratios (ours / TorchRec's) with their range; a claim holds only if the whole range does.
-The line index and the TSV -> npy conversion are timed once.
+The line index and the TSV -> npy conversion are timed once. Also timed per round: how long
+the first and the last of 4 ranks wait for their first ``criteo_tsv`` batch when the day is
+gzip (the last one decompresses and drops the three shares before its own) and when it is
+not (it seeks), with gzip's decompression rate.
 
     python benchmarks/bench_data.py --rows 200000 --rounds 5
 """
@@ -20,10 +23,13 @@ The line index and the TSV -> npy conversion are timed once.
 from __future__ import annotations
 
 import argparse
+import gzip
+import shutil
 import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
+from itertools import chain
 
 import numpy as np
 from torchrec.datasets.criteo import (
@@ -71,6 +77,9 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=4096)
     parser.add_argument("--num-embeddings", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=5, help="interleaved runs of every reader")
+    parser.add_argument(
+        "--npy-passes", type=int, default=10, help="passes per npy timing (one pass is short)"
+    )
     args = parser.parse_args()
     b, n_emb = args.batch_size, args.num_embeddings
     with tempfile.TemporaryDirectory() as tmp:
@@ -95,29 +104,52 @@ def main() -> None:
             [p] for p in npy_paths(out, "day_0")
         )  # the training day, as TorchRec is given it
 
+        theirs_npy = InMemoryBinaryCriteoIterDataPipe(  # built once, like ours
+            "train", dense, sparse, labels, b, 0, 1, drop_last=True, mmap_mode=True
+        )
         readers: dict[str, Callable[[], Iterable[Batch]]] = {
             "TorchRec CriteoIterDataPipe -> Batch": lambda: torchrec_tsv_batches(day0, b, n_emb),
             "criteo_tsv": lambda: ours.train_batches(b, 0, 1),
             "criteo_tsv, use_threads=False": lambda: single.train_batches(b, 0, 1),
-            "TorchRec InMemoryBinaryCriteoIterDataPipe (mmap)": lambda: (
-                InMemoryBinaryCriteoIterDataPipe(
-                    "train", dense, sparse, labels, b, 0, 1, drop_last=True, mmap_mode=True
-                )
+            "TorchRec InMemoryBinaryCriteoIterDataPipe (mmap)": lambda: chain.from_iterable(
+                [theirs_npy] * args.npy_passes
             ),
-            "criteo_npy (mmap)": lambda: npy.train_batches(b, 0, 1),
+            "criteo_npy (mmap)": lambda: chain.from_iterable(
+                npy.train_batches(b, 0, 1) for _ in range(args.npy_passes)
+            ),
+        }
+        with open(day0, "rb") as src, gzip.open(f"{day0}.gz", "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        zipped = CriteoTSV(f"{day0}.gz", n_emb, eval_paths=day1, index_cache_dir=None)
+        starts: dict[str, Callable[[], object]] = {
+            f"{kind}, rank {rank} of 4": lambda ds=ds, rank=rank: next(
+                iter(ds.train_batches(b, rank, 4))
+            )
+            for kind, ds in (("plain", ours), ("gzip", zipped))
+            for rank in (0, 3)
         }
         rows: dict[str, int] = {}
-        seconds: dict[str, list[float]] = {name: [] for name in readers}
+        seconds: dict[str, list[float]] = {name: [] for name in [*readers, *starts]}
+        inflate: list[float] = []
         for _ in range(args.rounds):
             for name, run in readers.items():
                 start = time.perf_counter()
                 rows[name] = count_rows(run())
                 seconds[name].append(time.perf_counter() - start)
+            for name, first_batch in starts.items():
+                start = time.perf_counter()
+                first_batch()
+                seconds[name].append(time.perf_counter() - start)
+            start = time.perf_counter()
+            with gzip.open(f"{day0}.gz", "rb") as f:
+                size = sum(len(chunk) for chunk in iter(lambda: f.read(16 << 20), b""))
+            inflate.append(size / (time.perf_counter() - start))
 
     print(f"\n{args.rows:,} rows, batch size {b}, {args.rounds} interleaved rounds\n")
     print("| reader | rows | rows/s (median) | rows/s (min - max) |")
     print("|---|---:|---:|---:|")
-    for name, times in seconds.items():
+    for name in readers:
+        times = seconds[name]
         rates = [rows[name] / t for t in times]
         print(
             f"| {name} | {rows[name]:,} | {statistics.median(rates):,.0f} "
@@ -125,6 +157,17 @@ def main() -> None:
         )
     for name, n, t in once:
         print(f"| {name} | {n:,} | {n / t:,.0f} | (one run) |")
+    print("\n| criteo_tsv, first batch of a rank (4 ranks) | seconds (median) | min - max |")
+    print("|---|---:|---:|")
+    for name in starts:
+        print(
+            f"| {name} | {statistics.median(seconds[name]):.2f} "
+            f"| {min(seconds[name]):.2f} - {max(seconds[name]):.2f} |"
+        )
+    print(
+        f"\ngzip decompression: {statistics.median(inflate) / 1e6:.0f} MB/s of text "
+        f"({min(inflate) / 1e6:.0f} - {max(inflate) / 1e6:.0f})"
+    )
     print("\n| ours / TorchRec's, per round | median | min - max |")
     print("|---|---:|---:|")
     pairs = [
