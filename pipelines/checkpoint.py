@@ -8,16 +8,24 @@ Layout of one checkpoint, under any path fsspec can reach (local, ``s3://``, ``g
         rank_00000.pt ...              per rank, torch.save: this rank's dense replica and dense
                                        optimizer state (replicas may differ between syncs), the
                                        synchronizer's state, step and data position, RNG state
-        COMPLETE                       written by rank 0 last, after every rank finished
+        COMPLETE                       written by rank 0 last, after every rank finished:
+                                       JSON with the step, the world size and the size and
+                                       SHA-256 of every other file of the checkpoint
 
 A checkpoint without ``COMPLETE`` (a crash while saving) is never picked: :func:`latest` returns
-the newest complete one, so the previous checkpoint stays usable. Per-rank files load with
-``torch.load(..., weights_only=True)``: nothing but tensors and plain containers is unpickled.
+the newest complete one, so the previous checkpoint stays usable. A complete one is verified
+before anything is read from it (:func:`verify`): a file changed, truncated or deleted since it
+was written raises :class:`CheckpointCorrupt` naming it, so corrupt bytes never reach a model.
+Per-rank files load with ``torch.load(..., weights_only=True)``: nothing but tensors and plain
+containers is unpickled.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -27,9 +35,26 @@ import fsspec
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+
+logger = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"step_(\d{8})$")
 MARKER = "COMPLETE"
+QUARANTINE = ".corrupt"
+
+
+class CheckpointCorrupt(RuntimeError):
+    """A file of a complete checkpoint is missing, truncated or changed since it was written
+    (the message names the file)."""
+
+
+class CheckpointWriteFailed(RuntimeError):
+    """Writing a checkpoint failed on some rank (disk full, permissions...); names the rank."""
+
+
+class CheckpointMismatch(ValueError):
+    """A complete checkpoint of a job that this one cannot continue (another world size)."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +98,40 @@ def latest(root: str, before: int | None = None) -> CheckpointInfo | None:
     return CheckpointInfo(path=step_dir(root, steps[-1]), step=steps[-1]) if steps else None
 
 
+def check_writable(url: str, key: str) -> None:
+    """Creates ``url`` if needed and writes a probe file in it, so that a folder the job cannot
+    write fails at configuration time, naming ``key``; remote URLs are left to the first write.
+
+    Raises:
+        OSError: naming ``key`` and the path.
+    """
+    fs, path = _fs_and_path(url)
+    if "file" not in fs.protocol:
+        return
+    probe = _join(path, f".write-probe-{os.getpid()}")
+    try:
+        fs.makedirs(path, exist_ok=True)
+        fs.touch(probe)
+        fs.rm(probe)
+    except OSError as e:
+        raise OSError(f"{key}: {url} is not writable ({e.strerror or e})") from None
+
+
+def _digest(path: str) -> dict[str, Any]:
+    """Size and SHA-256 of one file (read once more, in 1 MiB pieces)."""
+    sha, size = hashlib.sha256(), 0
+    with fsspec.open(path, "rb") as f:
+        while piece := f.read(1 << 20):
+            sha.update(piece)
+            size += len(piece)
+    return {"bytes": size, "sha256": sha.hexdigest()}
+
+
+def _share(names: list[str], rank: int, world: int) -> list[str]:
+    """The files this rank digests or verifies: every rank reads about 1/world of the bytes."""
+    return sorted(names)[rank::world]
+
+
 def save(
     root: str,
     step: int,
@@ -82,54 +141,161 @@ def save(
 ) -> str:
     """Writes one checkpoint collectively (every rank calls this with its own state).
 
+    After every rank wrote its files, the ranks digest a share of them each and rank 0 writes
+    the digests into the ``COMPLETE`` marker, last.
+
     Args:
         sharded: state dicts of TorchRec modules (ShardedTensors): saved once, by shard owner.
         local: this rank's own state (tensors and plain containers), saved to its own file.
-        keep: after the marker, rank 0 deletes all but the newest ``keep`` complete checkpoints.
+        keep: after the marker, rank 0 deletes all but the newest ``keep`` complete checkpoints
+            (and any older checkpoint folder a crash left without its marker).
     """
     target = step_dir(root, step)
-    rank = dist.get_rank()
+    rank, world = dist.get_rank(), dist.get_world_size()
     fs, path = _fs_and_path(target)
     if rank == 0:
         if fs.exists(path):  # a stale partial write of the same step: start clean
             fs.rm(path, recursive=True)
         fs.makedirs(path, exist_ok=True)
     dist.barrier()
-    dcp.save(sharded, checkpoint_id=target)
+    try:
+        dcp.save(sharded, checkpoint_id=target)
+    except CheckpointException as e:  # a BaseException: make it a failure the loop reports
+        raise CheckpointWriteFailed(f"{target}: {describe(e)}") from None
     with fsspec.open(_join(target, f"rank_{rank:05d}.pt"), "wb") as f:
         torch.save(local, f)
     dist.barrier()
+    names: list[Any] = [sorted(_name(e) for e in fs.ls(path, detail=False)) if rank == 0
+                        else None]
+    dist.broadcast_object_list(names, src=0)
+    mine = {n: _digest(_join(target, n)) for n in _share(names[0], rank, world)}
+    digests: list[Any] = [None] * world if rank == 0 else []
+    dist.gather_object(mine, digests if rank == 0 else None, dst=0)
     if rank == 0:
+        files = {n: d for part in digests for n, d in sorted(part.items())}
         with fsspec.open(_join(target, MARKER), "w") as f:
-            f.write(json.dumps({"step": step, "world_size": dist.get_world_size(),
-                                "time": time.time()}))
+            f.write(json.dumps({"step": step, "world_size": world, "time": time.time(),
+                                "files": files}))
         if keep is not None:
-            _prune(root, keep)
+            _prune(root, keep, step)
     dist.barrier()
     return target
 
 
-def _prune(root: str, keep: int) -> None:
-    fs, _ = _fs_and_path(root)
+def _name(entry: str) -> str:
+    return entry.rstrip("/").rsplit("/", 1)[-1]
+
+
+def _prune(root: str, keep: int, newest: int) -> None:
+    fs, path = _fs_and_path(root)
     for step in complete_steps(root)[:-keep]:
         fs.rm(_fs_and_path(step_dir(root, step))[1], recursive=True)
+    for entry in fs.ls(path, detail=False):  # folders of writes that a crash cut short
+        m = _STEP_DIR.search(entry.rstrip("/"))
+        if m and int(m.group(1)) < newest and complete_step(entry) is None:
+            logger.warning("removing %s: a checkpoint write that never completed (no %s marker)",
+                           entry, MARKER)
+            fs.rm(entry, recursive=True)
+
+
+def incomplete(root: str) -> list[str]:
+    """Checkpoint folders under ``root`` without their ``COMPLETE`` marker (interrupted writes),
+    which :func:`latest` skips."""
+    fs, path = _fs_and_path(root)
+    if not fs.exists(path):
+        return []
+    return sorted(e for e in fs.ls(path, detail=False)
+                  if _STEP_DIR.search(e.rstrip("/")) and complete_step(e) is None)
+
+
+def _marker(ckpt: CheckpointInfo) -> dict[str, Any]:
+    try:
+        with fsspec.open(_join(ckpt.path, MARKER), "r") as f:
+            meta = json.loads(f.read())
+        if not {"step", "world_size"} <= meta.keys():
+            raise KeyError("step or world_size")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise CheckpointCorrupt(f"{_join(ckpt.path, MARKER)}: unreadable marker "
+                                f"({type(e).__name__}: {e})") from e
+    return meta
+
+
+def verify(ckpt: CheckpointInfo) -> None:
+    """This rank's share of the integrity check of a complete checkpoint; every rank calls it
+    and must learn of any rank's failure before the collective :func:`load` (the trainer
+    agrees on it through its control group).
+
+    Raises:
+        CheckpointCorrupt: the marker is unreadable, or a file it lists is missing or has
+            another size or SHA-256 than when it was written (the message names the file).
+        CheckpointMismatch: the checkpoint was written by a job of another world size.
+    """
+    meta = _marker(ckpt)
+    world = dist.get_world_size()
+    if meta["world_size"] != world:
+        raise CheckpointMismatch(
+            f"checkpoint {ckpt.path} was written by {meta['world_size']} ranks; this job has "
+            f"{world}: resume with the same number of ranks"
+        )
+    files = meta.get("files")
+    if files is None:
+        logger.warning("%s was written without digests (by an older shadowsync): not verified",
+                       ckpt.path)
+        return
+    fs, _ = _fs_and_path(ckpt.path)
+    for name in _share(list(files), dist.get_rank(), world):
+        path = _join(ckpt.path, name)
+        if not fs.exists(_fs_and_path(path)[1]):
+            raise CheckpointCorrupt(f"{path}: missing (listed in {MARKER})")
+        found, expected = _digest(path), files[name]
+        if found != expected:
+            what = ("truncated or extended" if found["bytes"] != expected["bytes"]
+                    else "content changed")
+            raise CheckpointCorrupt(
+                f"{path}: {what} since it was written ({found['bytes']} bytes, sha256 "
+                f"{found['sha256'][:12]}...; written: {expected['bytes']} bytes, sha256 "
+                f"{expected['sha256'][:12]}...)")
 
 
 def load(ckpt: CheckpointInfo, sharded: dict[str, Any]) -> dict[str, Any]:
     """Loads ``sharded`` in place (reshards to this job's plan) and returns this rank's state.
 
-    The checkpoint must come from a job of the same world size: replicas and synchronizer
-    state are per rank.
+    Collective. Call :func:`verify` first on every rank; the checkpoint must come from a job of
+    the same world size (replicas and synchronizer state are per rank). A file that still does
+    not read raises :class:`CheckpointCorrupt` naming it.
     """
+    try:
+        dcp.load(sharded, checkpoint_id=ckpt.path)
+    except CheckpointException as e:  # a BaseException: never let it pass as a crash
+        raise CheckpointCorrupt(f"{ckpt.path}: sharded state unreadable: {describe(e)}") from None
+    path = _join(ckpt.path, f"rank_{dist.get_rank():05d}.pt")
+    try:
+        with fsspec.open(path, "rb") as f:
+            return torch.load(f, weights_only=True)
+    except Exception as e:  # any unpickling or I/O error: name the file
+        raise CheckpointCorrupt(f"{path}: unreadable ({type(e).__name__})") from None
+
+
+def describe(exc: BaseException) -> str:
+    """One line per failing rank of a ``CheckpointException`` (DCP's message is a traceback
+    per rank), else the exception's first line; torch.load's advice to retry with
+    ``weights_only=False`` is never passed on."""
+    if isinstance(exc, CheckpointException):
+        return "; ".join(f"rank {r}: {describe(e)}" for r, (e, _) in exc.failures.items())
+    first = (str(exc).strip().splitlines() or [""])[0]
+    if "weights_only" in str(exc) or "Weights only load failed" in first:
+        first = "not a file torch.load may unpickle safely"
+    return f"{type(exc).__name__}: {first[:300]}"
+
+
+def quarantine(ckpt: CheckpointInfo) -> str | None:
+    """Renames a checkpoint that failed to load to ``step_N.corrupt-<time>`` (kept to inspect,
+    never picked or pruned again); returns the new path, or None if the rename failed."""
     fs, path = _fs_and_path(ckpt.path)
-    with fs.open(_join(path, MARKER), "r") as f:
-        meta = json.loads(f.read())
-    world = dist.get_world_size()
-    if meta["world_size"] != world:
-        raise ValueError(
-            f"checkpoint {ckpt.path} was written by {meta['world_size']} ranks; this job has "
-            f"{world}: resume with the same number of ranks"
-        )
-    dcp.load(sharded, checkpoint_id=ckpt.path)
-    with fsspec.open(_join(ckpt.path, f"rank_{dist.get_rank():05d}.pt"), "rb") as f:
-        return torch.load(f, weights_only=True)
+    target = f"{path.rstrip('/')}{QUARANTINE}-{int(time.time())}"
+    try:
+        fs.mv(path, target, recursive=True)
+    except OSError as e:
+        logger.warning("could not rename %s aside: %s", ckpt.path, e)
+        return None
+    return target

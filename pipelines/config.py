@@ -118,6 +118,10 @@ class TrainConfig:
     on degrading a failed synchronizer, in one tiny allreduce on a gloo group of its own
     (~0.6 ms on 2 busy CPU ranks, against 10-30 ms per step: every 10 steps costs < 1%), and
     always before a checkpoint, an evaluation and the end.
+
+    Every rank beats every ``heartbeat_s`` in the job's store; a peer process silent for
+    ``heartbeat_timeout_s`` (killed, stopped, hung) ends the job naming it, however long
+    ``pg_timeout_s`` is (see :class:`~shadowsync.pipelines.faults.Heartbeat`).
     """
 
     batch_size: int = 512
@@ -127,6 +131,8 @@ class TrainConfig:
     log_every: int = 100
     pg_timeout_s: float = 600.0
     control_every_steps: int = 10
+    heartbeat_s: float = 1.0
+    heartbeat_timeout_s: float = 30.0
 
 
 @dataclass
@@ -204,6 +210,10 @@ class RunConfig:
                 raise ValueError(f"{key} must be positive, got {value}")
         if self.checkpoint.every_steps is not None and self.checkpoint.dir is None:
             raise ValueError("checkpoint.every_steps needs checkpoint.dir")
+        if not 0 < 3 * self.train.heartbeat_s <= self.train.heartbeat_timeout_s:
+            t = self.train
+            raise ValueError(f"train.heartbeat_timeout_s ({t.heartbeat_timeout_s}) must be at "
+                             f"least 3 x train.heartbeat_s ({t.heartbeat_s}), both positive")
         s = self.sync
         if not 0 < s.alpha <= 1:
             raise ValueError(f"sync.alpha must be in (0, 1], got {s.alpha}")

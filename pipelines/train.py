@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from shadowsync.datasets import RecDataset, build_dataset
-from shadowsync.pipelines import faults
+from shadowsync.pipelines import checkpoint, faults
 from shadowsync.pipelines.build import (
     DistEnv,
     check_sharding,
@@ -52,6 +52,9 @@ def prepare(cfg: RunConfig) -> RecDataset:
     """Everything that can be checked before ranks meet: the data set (its files, table sizes)
     and a sharding plan for this launch's world size and device. Raises ``ValueError`` or
     ``OSError`` naming the setting; no process group exists yet, so nothing is left waiting."""
+    for key, url in (("output_dir", cfg.output_dir), ("checkpoint.dir", cfg.checkpoint.dir)):
+        if url is not None:
+            checkpoint.check_writable(url, key)
     dataset = build_dataset(cfg.data.name, **cfg.data.options)
     check_sharding(cfg, dataset.spec, int(os.environ.get("WORLD_SIZE", "1")), local_device()[0])
     return dataset
@@ -60,6 +63,7 @@ def prepare(cfg: RunConfig) -> RecDataset:
 def run(cfg: RunConfig, dataset: RecDataset) -> dict[str, Any]:
     """Trains with ``cfg`` in the current process group; returns the final summary."""
     env = init_distributed(cfg.train.pg_timeout_s)
+    faults.Heartbeat.start(cfg.train.heartbeat_s, cfg.train.heartbeat_timeout_s)
     if env.rank == 0:
         logger.info("%s; world %d on %s (%s)", dataset.describe(), env.world_size, env.device,
                     env.backend)
@@ -104,16 +108,22 @@ def main(argv: list[str] | None = None) -> int:
     faults.install_sigterm_handler()
     try:
         summary = run(cfg, dataset)
-    except Exception as e:  # no destroy_process_group(): it could wait on a peer that is gone
+    except faults.FAILURES as e:  # no destroy_process_group(): it could wait on a peer gone
         cause = faults.attribute_failure(e)
         logger.error(faults.failure_message(cause))
         if cause is e:
             raise
         raise cause from e
     dist.destroy_process_group()
-    if summary.get("preempted"):
-        return faults.PREEMPTED_EXIT_CODE
-    return 0
+    if not summary.get("preempted"):
+        return 0
+    if int(os.environ.get("RANK", "0")) == 0:
+        saved = checkpoint.latest(cfg.checkpoint.dir) if cfg.checkpoint.dir else None
+        where = (f"checkpoint {saved.path}; run the same command to resume" if saved else
+                 "no checkpoint.dir, so the work is lost")
+        print(f"preempted: every rank stopped after step {summary['step']}; {where} "
+              f"(exit {faults.PREEMPTED_EXIT_CODE})", flush=True)
+    return faults.PREEMPTED_EXIT_CODE
 
 
 def cli() -> NoReturn:
@@ -124,7 +134,7 @@ def cli() -> NoReturn:
     """
     try:
         code = main()
-    except Exception:
+    except faults.FAILURES:
         traceback.print_exc()
         sys.stdout.flush()
         sys.stderr.flush()

@@ -116,6 +116,7 @@ class Trainer:
         self.epoch = 0
         self.epoch_step = 0
         self.last_saved = -1
+        self.last_eval = 0  # the step of the last evaluation
         self.history: list[dict[str, Any]] = []
         self.out_dir = Path(cfg.output_dir) if cfg.output_dir else None
         if self.out_dir is not None and env.rank == 0:
@@ -167,6 +168,7 @@ class Trainer:
                 labels.append(out_labels.float())
         self.dmp.train()
         self.wrapper.resume()
+        self.last_eval = self.step
         empty = torch.empty(0, device=self.env.device)
         local = torch.cat(logits) if logits else empty
         finite = bool(torch.isfinite(local).all())
@@ -197,6 +199,7 @@ class Trainer:
             "optimizers": optimizers,
             "sync": self.wrapper.state_dict(),
             "rng": torch.get_rng_state(),
+            "last_eval": self.last_eval,
         }
 
     def save_checkpoint(self) -> None:
@@ -215,46 +218,69 @@ class Trainer:
         """Restores the newest complete checkpoint in ``checkpoint.dir`` that loads on every
         rank, if resuming is on.
 
-        A complete checkpoint that does not load (a corrupt or truncated file) is skipped with a
-        warning naming it, for the next older one: losing some steps beats losing the run, and
-        the previous checkpoint is kept for this (``checkpoint.keep`` >= 2). With none loadable,
-        raises naming the newest.
+        A complete checkpoint that does not verify or load (a file changed, truncated or
+        deleted) is renamed aside (``step_N.corrupt-<time>``, kept to inspect) with a warning
+        naming the file, and the next older one is tried: losing some steps beats losing the
+        run, and the previous checkpoint is kept for this (``checkpoint.keep`` >= 2). With none
+        loadable, raises naming the newest. Folders of interrupted writes are named and skipped.
         """
         root = self.cfg.checkpoint.dir
         if root is None or not self.cfg.checkpoint.resume:
             return False
         found = checkpoint.latest(root)
+        if self.env.rank == 0:
+            for path in checkpoint.incomplete(root):
+                logger.warning("skipping %s: no %s marker (its write was interrupted)", path,
+                               checkpoint.MARKER)
         newest = found
         while found is not None:
             try:
                 self.restore(found)
                 return True
             except CheckpointUnreadable as e:
-                logger.warning("rank %d: %s; trying an older checkpoint", self.env.rank, e)
+                if self.env.rank == 0:
+                    aside = checkpoint.quarantine(found)
+                    logger.warning("%s; %s; trying an older checkpoint", e,
+                                   f"renamed to {aside}" if aside else "left in place")
             found = checkpoint.latest(root, before=found.step)
         if newest is not None:
             raise CheckpointUnreadable(f"no complete checkpoint in {root} loads on every rank "
                                        f"(newest: {newest.path})")
         return False
 
+    def _agree_readable(self, found: checkpoint.CheckpointInfo,
+                        error: Exception | None) -> None:
+        """Collective: raises :class:`CheckpointUnreadable` on every rank, naming each failing
+        rank's file and reason, if any rank failed to verify or read its part."""
+        failed = self.control.failures(error, checkpoint.describe)
+        if failed:
+            raise CheckpointUnreadable(f"checkpoint {found.path} does not load: "
+                                       + "; ".join(failed)) from error
+
     def restore(self, found: checkpoint.CheckpointInfo) -> None:
         """Loads a checkpoint into this trainer: model, optimizers, synchronizer, position.
 
-        Raises :class:`CheckpointUnreadable` on every rank, before any state but the embedding
-        tables changed, if any rank could not read its part.
+        Every rank first verifies its share of the checkpoint's digests; any failure there
+        raises :class:`CheckpointUnreadable` on every rank before anything is read. A file
+        that still fails to read raises it too, before any state but the embedding tables
+        changed. Raises :class:`~.checkpoint.CheckpointMismatch` at once (no fallback: older
+        ones are no different) for a checkpoint of another world size.
         """
         self.wrapper.pause(consensus=False)
-        sharded = self._sharded_state()
         error: Exception | None = None
         try:
-            local = checkpoint.load(found, sharded)
-        except Exception as e:  # any unreadable file; all ranks learn of it just below
+            checkpoint.verify(found)
+        except checkpoint.CheckpointMismatch:  # the same on every rank: no older one fits
+            raise
+        except Exception as e:  # corrupt or unreadable; all ranks learn of it just below
             error = e
-        (bad,) = self.control.ranks_with(error is not None)
-        if bad:
-            detail = f": {type(error).__name__}: {error}" if error is not None else ""
-            raise CheckpointUnreadable(
-                f"checkpoint {found.path} did not load on rank(s) {bad}{detail}") from error
+        self._agree_readable(found, error)
+        sharded = self._sharded_state()
+        try:
+            local = checkpoint.load(found, sharded)
+        except Exception as e:
+            error = e
+        self._agree_readable(found, error)
         self.dmp.load_state_dict(sharded["model"])
         self.dmp.fused_optimizer.load_state_dict(sharded["sparse_optimizer"])
         with torch.no_grad():
@@ -268,6 +294,7 @@ class Trainer:
         self.step, self.epoch = int(local["step"]), int(local["epoch"])
         self.epoch_step = int(local["epoch_step"])
         self.last_saved = self.step
+        self.last_eval = int(local.get("last_eval", self.step))  # older checkpoints: done
         self.wrapper.resume()
         self._log({"step": self.step, "resumed_from": found.path})
 
@@ -323,6 +350,13 @@ class Trainer:
                            stop, self.step, where)
         return bool(stop)
 
+    def _evaluate_if_due(self) -> None:
+        """Evaluates and logs if ``eval.every_steps`` falls on this step and it was not done."""
+        every = self.cfg.eval.every_steps
+        if every and self.step % every == 0 and self.last_eval < self.step:
+            metrics = self.evaluate()
+            self._log({"step": self.step, **{f"eval_{k}": v for k, v in metrics.items()}})
+
     def train(self) -> dict[str, Any]:
         """Trains to ``train.steps`` (or the epochs' end) or until preempted; every rank.
 
@@ -355,6 +389,7 @@ class Trainer:
         steps_timed = 0
         loss_sum, loss_n = torch.zeros((), device=self.env.device), 0
         preempted = False
+        self._evaluate_if_due()  # resumed from a preemption that stopped before it
         for segment in self._segments():
             t_seg = time.perf_counter()
             while True:
@@ -402,9 +437,7 @@ class Trainer:
             preempted = preempted or self._agree_to_stop()  # an evaluation or the end follows
             if preempted:
                 break
-            if cfg.eval.every_steps and self.step % cfg.eval.every_steps == 0:
-                metrics = self.evaluate()
-                self._log({"step": self.step, **{f"eval_{k}": v for k, v in metrics.items()}})
+            self._evaluate_if_due()
         bar.close()
         self.wrapper.finish()
         self.save_checkpoint()

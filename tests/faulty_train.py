@@ -8,6 +8,7 @@ package, so production code carries no fault hooks. Kinds, on rank ``R``:
 ``raise``          raise ``RuntimeError`` after training step ``N``
 ``kill``           SIGKILL itself after step ``N``
 ``stall``          sleep forever after step ``N`` (the training thread stops responding)
+``sigstop``        SIGSTOP to itself after step ``N`` (the whole process stops, as a hung host)
 ``sigterm``        SIGTERM to itself after step ``N`` (preemption seen by this rank only)
 ``sigterm-agent``  SIGTERM to its parent, the torchrun agent, after step ``N`` (as Slurm or
                    Kubernetes do; torchrun passes it on to every rank)
@@ -58,6 +59,8 @@ def _act(kind: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     if kind == "stall":
         threading.Event().wait()
+    if kind == "sigstop":
+        os.kill(os.getpid(), signal.SIGSTOP)
     if kind == "sigterm":
         os.kill(os.getpid(), signal.SIGTERM)
     if kind == "sigterm-agent":
@@ -159,7 +162,7 @@ def install(spec: str) -> None:
         _during_save(rank, n)
     elif kind in ("nan-loss", "nan-eval"):
         _nan_data(rank, n, kind)
-    elif kind in ("raise", "kill", "stall", "sigterm", "sigterm-agent"):
+    elif kind in ("raise", "kill", "stall", "sigstop", "sigterm", "sigterm-agent"):
         _after_step(rank, n, kind)
     else:
         raise ValueError(f"SHADOWSYNC_TEST_FAULT: unknown fault {kind!r}")

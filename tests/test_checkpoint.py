@@ -7,12 +7,18 @@ from __future__ import annotations
 import copy
 import functools
 import itertools
+import json
+import logging
 import math
+import random
+import re
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 
 from shadowsync.datasets import build_dataset
@@ -20,6 +26,7 @@ from shadowsync.pipelines import checkpoint
 from shadowsync.pipelines.config import load_config
 from shadowsync.pipelines.evaluate import evaluate_checkpoint, find_checkpoint
 from shadowsync.pipelines.train import Trainer, init_distributed
+from shadowsync.pipelines.trainer import CheckpointUnreadable
 from shadowsync.sync.wrapper import dense_parameters
 from tests._dist import run_ranks
 from tests.test_train import SMALL
@@ -197,3 +204,121 @@ def test_latest_ignores_incomplete_and_foreign_entries(tmp_path: Path) -> None:
     found = checkpoint.latest(root)
     assert found is not None and found.step == 20
     assert found.path.endswith("step_00000020")
+
+
+# ------------------------------------------------------------------------------ corruption
+_KINDS = ("truncate", "garbage_start", "garbage_middle", "garbage_end", "delete")
+
+
+def _corrupt(path: Path, kind: str) -> None:
+    """Damages one file the way disks, copies and people do; the bytes always change."""
+    if kind == "delete":
+        path.unlink()
+        return
+    data = path.read_bytes()
+    if kind == "truncate":
+        path.write_bytes(data[: len(data) // 2])
+        return
+    n = max(1, min(4096, len(data) // 4))
+    at = {"garbage_start": 0, "garbage_middle": (len(data) - n) // 2,
+          "garbage_end": len(data) - n}[kind]
+    rng = random.Random(f"{path.name}/{kind}")
+    junk = bytes(b ^ rng.randrange(1, 256) for b in data[at:at + n])
+    path.write_bytes(data[:at] + junk + data[at + n:])
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def _corruption_matrix(rank: int, world_size: int, root: str) -> dict[str, Any]:
+    env = init_distributed(60)
+    pristine = Path(root) / "pristine"
+    cfg = load_config("synthetic", SMALL + ["train.steps=8", "checkpoint.every_steps=4",
+                                            "checkpoint.keep=5", f"checkpoint.dir={pristine}"])
+    trainer = Trainer(cfg, env, build_dataset(cfg.data.name, **cfg.data.options))
+    trainer.train()  # checkpoints of steps 4 and 8
+    trainer.restore(checkpoint.latest(str(pristine), before=8))  # type: ignore[arg-type]
+    reference = _state(trainer)
+    lines = _Lines()
+    logging.getLogger("shadowsync").addHandler(lines)
+    names = sorted(p.name for p in (pristine / "step_00000008").iterdir())
+    cases = [(name, kind, False) for name in names for kind in _KINDS]
+    # Markers written without digests (older versions): DCP's own errors must fall back too.
+    cases += [("__1_0.distcp", "garbage_start", True), (".metadata", "truncate", True)]
+    outcomes: dict[str, Any] = {"names": names}
+    for i, (name, kind, legacy) in enumerate(cases):
+        case = Path(root) / f"case{i}"
+        if rank == 0:
+            shutil.copytree(pristine, case)
+            newest = case / "step_00000008"
+            if legacy:
+                marker = json.loads((newest / checkpoint.MARKER).read_text())
+                del marker["files"]
+                (newest / checkpoint.MARKER).write_text(json.dumps(marker))
+            _corrupt(newest / name, kind)
+        dist.barrier()
+        trainer.cfg.checkpoint.dir = str(case)
+        trainer.step = -1
+        lines.lines.clear()
+        resumed = trainer.maybe_resume()
+        state = _state(trainer)
+        outcomes[f"{name}/{kind}/{legacy}"] = {
+            "resumed": resumed, "step": trainer.step, "log": list(lines.lines),
+            "same": all(torch.equal(state[k], v) for k, v in reference.items()),
+            "left": sorted(p.name for p in case.iterdir()),
+        }
+        dist.barrier()
+    both = Path(root) / "both"  # every checkpoint corrupt: a failure naming the newest
+    if rank == 0:
+        shutil.copytree(pristine, both)
+        for step in (4, 8):
+            _corrupt(both / f"step_{step:08d}" / "rank_00001.pt", "garbage_middle")
+    dist.barrier()
+    trainer.cfg.checkpoint.dir = str(both)
+    try:
+        trainer.maybe_resume()
+        outcomes["both"] = "resumed"
+    except CheckpointUnreadable as e:
+        outcomes["both"] = str(e)
+    return outcomes
+
+
+def test_every_corruption_of_every_file_falls_back(tmp_path: Path) -> None:
+    """Each file of the newest checkpoint (DCP's ``.metadata`` and shard files, the per-rank
+    files, the marker) truncated, overwritten at its start, middle or end, or deleted: both
+    ranks agree it does not load, name the file, set it aside and resume from the previous
+    checkpoint with exactly its state; none loads silently. With every checkpoint corrupt,
+    resuming fails naming the newest."""
+    results = run_ranks(functools.partial(_corruption_matrix, root=str(tmp_path)),
+                        timeout_s=280)
+    names = results[0]["names"]
+    assert {".metadata", "rank_00000.pt", "rank_00001.pt", checkpoint.MARKER} <= set(names)
+    assert sum(n.endswith(".distcp") for n in names) == 2, names
+    cases = [k for k in results[0] if "/" in k]
+    assert len(cases) == len(names) * len(_KINDS) + 2
+    for rank, r in enumerate(results):
+        for case in cases:
+            out = r[case]
+            name, kind, legacy = case.split("/")
+            what = f"rank {rank}, {case}: {out}"
+            assert out["resumed"] and out["step"] == 4 and out["same"], what
+            if rank:
+                continue
+            log = "\n".join(out["log"])
+            assert "weights_only" not in log, what
+            if name == checkpoint.MARKER and kind == "delete":  # an interrupted write
+                assert "step_00000008: no COMPLETE marker" in log, what
+                assert "step_00000008" in out["left"], what
+                continue
+            assert "step_00000008 does not load" in log, what
+            assert re.search(r"renamed to \S+step_00000008\.corrupt-\d+", log), what
+            assert not any(n == "step_00000008" for n in out["left"]), what
+            if legacy == "False":
+                assert f"step_00000008/{name}: " in log, what
+        assert "no complete checkpoint" in r["both"] and "step_00000008" in r["both"], r["both"]

@@ -187,12 +187,26 @@ def test_raising_rank_fails_every_rank_naming_it(tmp_path: Path) -> None:
             "checkpoint loads", job.since_fault())
 
 
-def test_killed_rank_fails_the_torchx_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+# The heartbeat of these jobs: a silent peer is named after 5 s (+ beats to notice and post).
+HEARTBEAT = ["train.heartbeat_s=0.5", "train.heartbeat_timeout_s=5"]
+_ASCTIME = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})")
+
+
+def _said_at(log: str, text: str) -> float:
+    """Unix time of the first log line that contains ``text`` (from its logging timestamp)."""
+    line = next(ln for ln in log.splitlines() if text in ln)
+    m = _ASCTIME.search(line)
+    assert m, line
+    return time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) + int(m.group(2)) / 1e3
+
+
+def _torchx(tmp_path: Path, fault: str, overrides: list[str],
+            monkeypatch: pytest.MonkeyPatch) -> tuple[AppState, Job]:
+    """One ``torchx run -s local_cwd`` job of ``faulty_train``."""
     marker = uuid.uuid4().hex
-    env = _env("rank1:kill@25", marker)
+    env = _env(fault, marker)
     monkeypatch.setenv("PATH", env["PATH"])
-    app = train_component(*SMALL[2:], f"checkpoint.dir={tmp_path / 'ckpt'}",
-                          "checkpoint.every_steps=10", "train.steps=60", m="faulty_train",
+    app = train_component(*SMALL[2:], *overrides, config=SMALL[1], m="faulty_train",
                           env={k: env[k] for k in ("OMP_NUM_THREADS", "PYTHONPATH",
                                                    "SHADOWSYNC_TEST_FAULT", "FAULT_TEST_JOB")})
     began = time.monotonic()
@@ -206,16 +220,42 @@ def test_killed_rank_fails_the_torchx_job(tmp_path: Path, monkeypatch: pytest.Mo
             time.sleep(0.5)
         end = time.time()
         log = "".join(runner.log_lines(handle, "faulty_train", k=0))
-    job = Job(1, log, time.monotonic() - began, end)
-    assert status.state == AppState.FAILED, log[-3000:]
-    assert re.search(r"rank\s+: 1 \(local_rank: 1\)\s+exitcode\s+: -9", log), log[-3000:]
-    assert "Signal 9 (SIGKILL)" in log
-    assert job.since_fault() < EXIT_BOUND_S
     assert not _survivors(marker)
+    return status.state, Job(1, log, time.monotonic() - began, end)
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "torchx"])
+@pytest.mark.parametrize(("kind", "victim"), [("kill", 1), ("kill", 0), ("sigstop", 1),
+                                              ("sigstop", 0)])
+def test_a_killed_or_stopped_rank_is_named_by_its_peer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, launcher: str, kind: str, victim: int,
+) -> None:
+    """SIGKILL or SIGSTOP of either rank at step 25: the survivor names it (never claims the
+    cause with its own broken connection), within a few heartbeats for a kill and the
+    heartbeat timeout for a stop, independent of ``train.pg_timeout_s`` (600 s here)."""
+    overrides = [f"checkpoint.dir={tmp_path / 'ckpt'}", "checkpoint.every_steps=10",
+                 "train.steps=60", *HEARTBEAT]
+    fault = f"rank{victim}:{kind}@25"
+    if launcher == "torchrun":
+        job = torchrun(overrides, fault=fault)
+        assert job.rc == 1, job.log[-3000:]
+    else:
+        state, job = _torchx(tmp_path, fault, overrides, monkeypatch)
+        assert state == AppState.FAILED, job.log[-3000:]
+    peer = 1 - victim
+    blame = f"rank {peer} failed: PeerFailed: rank {victim} failed: stopped responding"
+    assert blame in job.log, job.log[-3000:]
+    assert not re.search(rf"rank {peer} failed: (RuntimeError|SyncError|DistBackendError)",
+                         job.log), job.log[-3000:]
+    fault_at = float(_FAULT.search(job.log).group(1))  # type: ignore[union-attr]
+    named = _said_at(job.log, blame) - fault_at
+    assert named < (3.0 if kind == "kill" else 5 + 3.0), named
+    assert job.since_fault() < (EXIT_BOUND_S if kind == "kill" else 5 + EXIT_BOUND_S)
     _assert_loadable(tmp_path / "ckpt", 20)
-    _report("rank 1 SIGKILLed at step 25, torchx local_cwd", job, "FAILED; torchrun summary: "
-            "`rank: 1 ... exitcode: -9 ... Signal 9 (SIGKILL)`; step 20 checkpoint loads",
-            job.since_fault())
+    signal = "SIGKILL" if kind == "kill" else "SIGSTOP"
+    _report(f"{signal} to rank {victim} at step 25, {launcher}", job,
+            f"rank {peer}: `PeerFailed: rank {victim} failed: stopped responding (no heartbeat"
+            f": ...)` after {named:.1f} s; step-20 checkpoint loads", job.since_fault())
 
 
 def test_stuck_peer_times_out_without_torchrun() -> None:
@@ -285,14 +325,18 @@ def test_stalled_sync_degrades_and_rejoins(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------------------------- preemption
 def test_preemption_checkpoints_and_resumes(tmp_path: Path) -> None:
-    """SIGTERM at one rank during a checkpoint write, then at torchrun itself, then a corrupt
-    newest checkpoint: each run stops on one step for all ranks, and the next resumes."""
-    common = [f"checkpoint.dir={tmp_path}", "checkpoint.every_steps=10", "train.steps=60"]
+    """SIGTERM at one rank during a checkpoint write, then at torchrun itself just before an
+    evaluation, then a clean resume, then a corrupt newest checkpoint: each run stops on one
+    step for all ranks, and the next resumes (with the evaluation the preemption skipped)."""
+    common = [f"checkpoint.dir={tmp_path}", "checkpoint.every_steps=10", "train.steps=60",
+              "eval.every_steps=50"]
 
     first = torchrun(common, fault="rank1:sigterm-save@20")
     assert first.rc == 1  # torchrun's own code for a failed worker (the worker's is 143)
     assert "exitcode  : 143" in first.log
     assert "SIGTERM reached rank(s) [1]: every rank stops after step 30" in first.log
+    assert (f"preempted: every rank stopped after step 30; checkpoint {tmp_path}/step_00000030"
+            "; run the same command to resume (exit 143)") in first.log
     assert first.since_fault() < EXIT_BOUND_S
     _assert_loadable(tmp_path, 30)
     _report("SIGTERM to rank 1 only, while writing the step-20 checkpoint", first,
@@ -304,22 +348,35 @@ def test_preemption_checkpoints_and_resumes(tmp_path: Path) -> None:
     assert "Received 15 death signal, shutting down workers" in second.log
     assert re.search(r"SIGTERM reached rank\(s\) \[0(, 1)?\]: every rank stops after step 50",
                      second.log)
+    assert "eval_ne" not in second.log  # the evaluation of step 50 did not run
     assert second.rc != 0 and second.since_fault() < EXIT_BOUND_S
     _assert_loadable(tmp_path, 50)
     _report("SIGTERM to torchrun at step 45 (resumed from 30)", second,
             "torchrun forwards it; `SIGTERM reached rank(s) [0, 1]: every rank stops after "
             "step 50`; checkpoint 50", second.since_fault())
 
-    corrupt = tmp_path / "step_00000050" / "rank_00001.pt"
-    corrupt.write_bytes(b"not a checkpoint")
-    third = torchrun(common)
+    third = torchrun([*common, f"output_dir={tmp_path / 'third'}"])
     assert third.rc == 0, third.log[-3000:]
-    assert f"checkpoint {tmp_path}/step_00000050 did not load on rank(s) [1]" in third.log
-    assert f"resumed_from\": \"{tmp_path}/step_00000040" in third.log
-    assert re.search(r"step\s+60\n", third.log)
-    _report("newest checkpoint corrupt (rank 1's file of step 50)", third,
-            "warning `checkpoint .../step_00000050 did not load on rank(s) [1]: ...`; "
-            "resumes from step 40, trains to 60, exit 0")
+    records = _records(tmp_path / "third")
+    assert records[0]["resumed_from"] == f"{tmp_path}/step_00000050", records
+    assert records[1]["step"] == 50 and "eval_ne" in records[1], records  # the skipped one
+    assert records[-1]["summary"] and records[-1]["step"] == 60, records
+
+    corrupt = tmp_path / "step_00000060" / "rank_00001.pt"
+    corrupt.write_bytes(b"not a checkpoint")
+    fourth = torchrun([*common[:2], "train.steps=70", "eval.every_steps=null",
+                       f"output_dir={tmp_path / 'fourth'}"])
+    assert fourth.rc == 0, fourth.log[-3000:]
+    assert f"checkpoint {tmp_path}/step_00000060 does not load: rank " in fourth.log
+    assert "step_00000060/rank_00001.pt: truncated or extended since it was written" in fourth.log
+    assert re.search(rf"renamed to {tmp_path}/step_00000060.corrupt-\d+", fourth.log)
+    records = _records(tmp_path / "fourth")
+    assert records[0]["resumed_from"] == f"{tmp_path}/step_00000050", records
+    assert records[-1]["summary"] and records[-1]["step"] == 70, records
+    _report("newest checkpoint corrupt (rank 1's file of step 60)", fourth,
+            "warning `checkpoint .../step_00000060 does not load: rank N: CheckpointCorrupt: "
+            ".../rank_00001.pt: truncated or extended since it was written ...`; set aside; "
+            "resumes from step 50, trains to 70, exit 0")
 
 
 # ---------------------------------------------------------------------------------- non-finite
