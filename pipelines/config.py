@@ -10,6 +10,9 @@ process group starts, with the dotted name of the offending setting::
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -18,13 +21,44 @@ from typing import Any, Literal
 
 import yaml
 
-from shadowsync.models.dlrm import DLRMConfig
+from shadowsync.models.config import DLRMConfig
 
 SyncAlgorithm = Literal["none", "ddp", "ma", "easgd", "bmuf", "pma"]
 ShardingType = Literal["table_wise", "column_wise", "table_column_wise", "data_parallel",
                        "row_wise", "table_row_wise", "grid_shard"]
 ROW_WISE_FAMILY = ("row_wise", "table_row_wise", "grid_shard")
+SHADOWSYNC_ALGORITHMS = ("ma", "easgd", "bmuf")
 PRESET_DIR = Path(__file__).parent / "configs"
+DEFAULT_PRESET = "movielens_1m"  # the README's main job: what evaluate and the components use
+logger = logging.getLogger("shadowsync.config")
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, reading ``1e-3`` and ``1e5`` as floats too: YAML 1.1's float rule,
+    which PyYAML follows, wants a dot and a signed exponent and left them strings."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+.0123456789"),
+)
+
+
+def _parse_yaml(text: str, where: str) -> Any:
+    """``text`` through the safe loader; a YAML error becomes one ``ValueError`` naming
+    ``where`` (a file, an override) and the line and column."""
+    try:
+        return yaml.load(text, Loader=_Loader)  # a SafeLoader: no Python objects
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f": line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        context = getattr(e, "context", None)
+        started = getattr(e, "context_mark", None)
+        if context and started is not None:
+            context += f" from line {started.line + 1}"  # say, an unclosed [
+        problem = getattr(e, "problem", None) or str(e)
+        raise ValueError(f"{where}{at}: {problem}" + (f" ({context})" if context else "")) from e
 
 
 @dataclass
@@ -105,6 +139,28 @@ class SyncConfig:
     backend: Literal["gloo", "nccl"] = "gloo"
     on_failure: Literal["raise", "degrade"] = "raise"
     rejoin_after_steps: int = 200
+
+    def ignored(self) -> dict[str, str]:
+        """The settings that do nothing under this ``algorithm`` and ``mode``, each with where
+        it would act, so that an override that changes nothing can be pointed out."""
+        if self.algorithm not in SHADOWSYNC_ALGORITHMS:
+            where = {f.name: "sync.algorithm ma, easgd or bmuf" for f in dataclasses.fields(self)
+                     if f.name != "algorithm"}
+            if self.algorithm == "pma":
+                del where["period"]
+            return where
+        where = {}
+        if self.algorithm != "easgd":
+            where["alpha"] = "sync.algorithm=easgd"
+        if self.algorithm != "bmuf":
+            where.update(dict.fromkeys(("block_momentum", "block_lr", "nesterov"),
+                                       "sync.algorithm=bmuf"))
+        if self.mode == "shadow":
+            where["period"] = "sync.mode=fixed_rate or sync.algorithm=pma"
+        else:
+            where.update(dict.fromkeys(("min_interval_s", "max_comm_share", "max_slowdown"),
+                                       "sync.mode=shadow"))
+        return where
 
 
 @dataclass
@@ -269,6 +325,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         return dict(value)
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if tp is int and isinstance(value, float) and value.is_integer():
+        return int(value)  # train.steps=1e4
     if tp is Any:
         return value
     if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
@@ -333,7 +391,7 @@ def _read_tree(path: str | Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     resolved = resolve_preset(path)
     if resolved in seen:
         raise ValueError(f"{resolved}: 'base' presets form a cycle")
-    loaded = yaml.safe_load(resolved.read_text())
+    loaded = _parse_yaml(resolved.read_text(), str(resolved))
     if loaded is None:
         return {}
     if not isinstance(loaded, dict):
@@ -346,18 +404,39 @@ def _read_tree(path: str | Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     return _merge(_read_tree(base, (*seen, resolved)), loaded)
 
 
+def _warn_ignored(cfg: RunConfig, keys: list[str]) -> None:
+    """Logs each ``sync`` override that sets a value the chosen algorithm and mode never read
+    (on rank 0 only: every rank loads the config). A warning, not an error: benchmarks give
+    one set of overrides to arms of every algorithm."""
+    if os.environ.get("RANK", "0") != "0":
+        return
+    ignored, default = cfg.sync.ignored(), SyncConfig()
+    chosen = f"sync.algorithm={cfg.sync.algorithm}"
+    if cfg.sync.algorithm in SHADOWSYNC_ALGORITHMS:
+        chosen += f" sync.mode={cfg.sync.mode}"
+    for key in keys:
+        section, _, name = key.partition(".")
+        value = getattr(cfg.sync, name, None)
+        if section == "sync" and name in ignored and value != getattr(default, name):
+            logger.warning("%s=%s does nothing with %s; it acts with %s", key, value, chosen,
+                           ignored[name])
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """Reads a YAML file or preset (``yaml.safe_load``; ``base: <preset>`` inherits one),
-    applies ``key.sub=value`` overrides (values parsed as YAML: ``4096``, ``null``, ``[a, b]``)
-    and validates the result."""
+    """Reads a YAML file or preset (PyYAML's safe loader; ``base: <preset>`` inherits one),
+    applies ``key.sub=value`` overrides (values parsed as YAML: ``4096``, ``1e-3``, ``null``,
+    ``[a, b]``), validates the result and warns about overrides that change nothing."""
     tree: dict[str, Any] = {} if path is None else _read_tree(path)
+    keys = []
     for item in overrides or []:
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ValueError(f"override {item!r}: expected key.sub=value")
-        _set_dotted(tree, key.strip(), yaml.safe_load(raw) if raw.strip() else "")
+        keys.append(key.strip())
+        _set_dotted(tree, keys[-1], _parse_yaml(raw, f"override {item!r}") if raw.strip() else "")
     cfg = _build(RunConfig, tree, "")
     cfg.validate()
+    _warn_ignored(cfg, keys)
     return cfg
 
 

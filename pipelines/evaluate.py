@@ -20,7 +20,7 @@ import torch.distributed as dist
 from shadowsync.datasets import RecDataset, build_dataset
 from shadowsync.pipelines import checkpoint
 from shadowsync.pipelines.build import DistEnv, init_distributed
-from shadowsync.pipelines.config import RunConfig, load_config
+from shadowsync.pipelines.config import DEFAULT_PRESET, RunConfig, load_config
 from shadowsync.pipelines.trainer import Trainer
 
 
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m shadowsync.pipelines.evaluate", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--checkpoint", required=True, help="checkpoint directory or root")
-    parser.add_argument("--config", default="movielens_1m", help="preset or YAML of the run")
+    parser.add_argument("--config", default=DEFAULT_PRESET, help="preset or YAML of the run")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. eval.batch_size=8192")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, force=True)

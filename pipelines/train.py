@@ -29,6 +29,7 @@ from shadowsync.pipelines.build import (
     plan_ranks,
 )
 from shadowsync.pipelines.config import RunConfig, load_config, save_config
+from shadowsync.pipelines.console import locations, rounded
 from shadowsync.pipelines.trainer import Trainer
 
 __all__ = ["DistEnv", "Trainer", "init_distributed", "main", "plan_ranks", "prepare", "run"]
@@ -37,12 +38,7 @@ logger = logging.getLogger("shadowsync.train")
 
 
 def _summary_table(summary: dict[str, Any]) -> str:
-    def fmt(v: Any) -> str:
-        if isinstance(v, float):
-            return f"{v:,.0f}" if v.is_integer() else f"{v:,.4f}"
-        return str(v)
-
-    rows = [(k, fmt(v)) for k, v in summary.items() if k != "summary"]
+    rows = [(k, rounded(v)) for k, v in summary.items() if k != "summary"]
     width = max(len(k) for k, _ in rows)
     return "\n".join([f"{'metric':<{width}}  value", f"{'-' * width}  -----"] +
                      [f"{k:<{width}}  {v}" for k, v in rows])
@@ -75,8 +71,10 @@ def run(cfg: RunConfig, dataset: RecDataset) -> dict[str, Any]:
         logger.info("sharding plan:\n%s", trainer.plan)
     trainer.maybe_resume()
     summary = trainer.train()
+    faults.Heartbeat.stop()
     if env.rank == 0:
-        print(_summary_table(summary), flush=True)
+        where = locations(cfg.output_dir, trainer.history, summary["step"])
+        print(_summary_table({**summary, **where}), flush=True)
     return summary
 
 

@@ -35,6 +35,7 @@ from shadowsync.pipelines.build import (
     make_replica_wrapper,
 )
 from shadowsync.pipelines.config import RunConfig
+from shadowsync.pipelines.console import ConsoleLog, planned_steps
 from shadowsync.pipelines.metrics import gather_metrics
 from shadowsync.sync.wrapper import dense_parameters
 
@@ -112,6 +113,8 @@ class Trainer:
         self.control = faults.Control(cfg.train.pg_timeout_s)
         self.watch = faults.FiniteWatch(list(dense_parameters(self.dmp).values()), env.device)
         self.metrics = train_metric_module(cfg, env)
+        self.console = ConsoleLog(planned_steps(cfg.train.steps, cfg.train.epochs, dataset,
+                                                cfg.train.batch_size, env.world_size))
         self.step = 0
         self.epoch = 0
         self.epoch_step = 0
@@ -124,12 +127,16 @@ class Trainer:
 
     # ------------------------------------------------------------------ records
     def _log(self, record: dict[str, Any]) -> None:
+        """Rank 0 prints a line a person reads and appends the record, with its Unix ``time``,
+        to ``metrics.jsonl``."""
         self.history.append(record)
         if self.env.rank == 0:
-            logger.info(json.dumps(record))
+            line = self.console.line(record)
+            if line is not None:
+                logger.info(line)
             if self.out_dir is not None:
                 with open(self.out_dir / "metrics.jsonl", "a") as f:
-                    f.write(json.dumps(record) + "\n")
+                    f.write(json.dumps({**record, "time": round(time.time(), 3)}) + "\n")
 
     def _train_record(self, loss: float) -> dict[str, Any]:
         """Collective: TorchRec's metric module reduces its state over all ranks."""
@@ -380,10 +387,10 @@ class Trainer:
     def _train(self) -> dict[str, Any]:
         cfg = self.cfg
         every_ckpt = cfg.checkpoint.every_steps
-        total = cfg.train.steps
         show_bar = self.env.rank == 0 and cfg.logging.progress_bar and sys.stderr.isatty()
-        bar = tqdm(total=total, initial=self.step, disable=not show_bar, unit="step",
-                   dynamic_ncols=True)
+        bar = tqdm(total=self.console.total_steps, initial=self.step, disable=not show_bar,
+                   unit="step", dynamic_ncols=True)
+        self.console.start(self.step, progress_lines=not show_bar)
         self.dmp.train()
         train_time = 0.0
         steps_timed = 0

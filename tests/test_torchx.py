@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import socket
@@ -45,7 +46,7 @@ SHORT = [
 # One argument each, whatever a shell would make of them.
 TRICKY = [
     "output_dir=/shared/a b; touch pwned 'q' \"$(id)\" `id` $HOME > x",
-    "model.dense_arch_layer_sizes=[32, 8]",
+    "model.dense_arch_layer_sizes=[32, 16]",
 ]
 RUN_TIMEOUT_S = 150
 
@@ -129,7 +130,8 @@ def test_cli_arguments_reach_the_appdef() -> None:
 def test_train_appdef() -> None:
     env = {"NCCL_DEBUG": "INFO"}
     app = train(*TRICKY, config="criteo.yaml", j="3x2", cpu=8, gpu=2, memMB=4096,
-                image="registry/shadowsync:1", env=env, max_retries=2)
+                image="registry/shadowsync:1", env=env, max_retries=2,
+                check="none")  # a config file that only the image holds
     (role,) = app.roles
     assert (role.entrypoint, role.image) == ("bash", "registry/shadowsync:1")
     assert (role.num_replicas, role.min_replicas, role.max_retries) == (3, 3, 2)
@@ -143,15 +145,61 @@ def test_train_appdef() -> None:
 
 def test_train_needs_a_gpu_per_rank() -> None:
     with pytest.raises(ValueError, match="processes per node"):
-        train(j="1x8", gpu=4)
+        train(j="1x8", gpu=4, check="config")
 
 
 def test_evaluate_appdef() -> None:
-    (role,) = evaluate("eval.batch_size=8192", checkpoint="/ckpt/step 100", j="1x4").roles
+    (role,) = evaluate("eval.batch_size=8192", checkpoint="/ckpt/step 100", j="1x4",
+                       check="config").roles
     assert _program(shlex.split(role.args[1])) == [
         "-m", "shadowsync.pipelines.evaluate", "--checkpoint", "/ckpt/step 100",
-        "--config", "synthetic", "eval.batch_size=8192",
+        "--config", "movielens_1m", "eval.batch_size=8192",
     ]
+
+
+@pytest.mark.parametrize(("component", "kwargs"), [
+    (train, {}), (evaluate, {"checkpoint": "/ckpt"}),
+])
+def test_bad_settings_are_refused_before_submission(component: Any, kwargs: dict[str, Any],
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(ValueError) as caught:
+        component("train.bach_size=1024", config="synthetic", **kwargs)
+    assert caught.value.code == 2  # type: ignore[attr-defined]  # torchx run exits 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: unknown setting train.bach_size;") and err.count("\n") == 1
+    # check=none submits what only the image could judge
+    assert component("train.bach_size=1024", config="synthetic", check="none", **kwargs).roles
+
+
+def test_submit_check_opens_the_data_set_and_plans_for_the_job(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    bad_data = "data.name=no_such_data"
+    assert train(bad_data, config="synthetic", check="config").roles
+    with pytest.raises(ValueError):
+        train(bad_data, config="synthetic")
+    assert "no_such_data" in capsys.readouterr().err
+    # the plan is made for the job's device, not this machine's: row-wise needs CUDA
+    row_wise = "sharding.types=[table_row_wise]"
+    assert train(row_wise, config="synthetic", j="2x2", gpu=2).roles
+    with pytest.raises(ValueError):
+        train(row_wise, config="synthetic", j="2x2")
+    assert capsys.readouterr().err.startswith("error: sharding.types: ['table_row_wise'] need CUDA")
+    with pytest.raises(ValueError, match="check='some'"):
+        train(config="synthetic", check="some")
+
+
+def test_torchx_run_refuses_a_bad_setting_in_one_line(tmp_path: Path) -> None:
+    """The README's promise: a bad key fails before any process starts, with exit code 2."""
+    logs = tmp_path / "logs"
+    cmd = [str(VENV_BIN / "torchx"), "run", "--scheduler_args", f"log_dir={logs}",
+           "--", "--config", "movielens_1m", "train.bach_size=1024"]
+    env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr[-4000:]
+    errors = [line for line in proc.stderr.splitlines() if "INFO" not in line]
+    assert len(errors) == 1 and errors[0].startswith("error: unknown setting train.bach_size")
+    assert "local_cwd://" not in proc.stdout and not logs.exists()  # nothing was submitted
 
 
 def test_preprocess_appdef() -> None:
@@ -171,16 +219,18 @@ def test_preprocess_appdef() -> None:
 
 def test_local_cwd_dryrun(fake_bin: Path) -> None:
     with get_runner() as runner:
-        info = runner.dryrun(train(*TRICKY), "local_cwd", cfg={"log_dir": str(fake_bin)})
+        info = runner.dryrun(train(*TRICKY, check="config"), "local_cwd",
+                             cfg={"log_dir": str(fake_bin)})
     (replica,) = info.request.role_params["train"]
     argv = _torchrun_argv(replica.args, fake_bin, replica.env)
     # one node: torchrun picks a free port itself (no clash between concurrent jobs)
     assert _flag(argv, "--rdzv_endpoint") == "localhost:0"
-    assert _program(argv) == ["-m", MODULE, "--config", "synthetic", *TRICKY]
+    assert _program(argv) == ["-m", MODULE, "--config", "movielens_1m", *TRICKY]
 
 
 def test_slurm_dryrun(fake_bin: Path) -> None:
-    app = train(*TRICKY, j="2x4", cpu=16, gpu=4, memMB=64000, env={"NCCL_DEBUG": "INFO"})
+    app = train(*TRICKY, j="2x4", cpu=16, gpu=4, memMB=64000, env={"NCCL_DEBUG": "INFO"},
+                check="config")
     with get_runner() as runner:
         info = runner.dryrun(app, "slurm", cfg={"partition": "gpu", "time": "60"})
     script = info.request.materialize()
@@ -198,14 +248,14 @@ def test_slurm_dryrun(fake_bin: Path) -> None:
         argv = _torchrun_argv(group[group.index("bash"):], fake_bin, node_env)
         assert _flag(argv, "--rdzv_endpoint") == "node7:29500"
         assert _flag(argv, "--rdzv_id") == "4242"
-        assert _program(argv) == ["-m", MODULE, "--config", "synthetic", *TRICKY]
+        assert _program(argv) == ["-m", MODULE, "--config", "movielens_1m", *TRICKY]
 
 
 def test_kubernetes_dryrun(fake_bin: Path) -> None:
     pytest.importorskip("kubernetes", reason="torchx renders Kubernetes pods with the kubernetes "
                                              "client; it is not installed")
     app = train(*TRICKY, j="2x8", cpu=64, gpu=8, memMB=500000, image="registry/shadowsync:1",
-                mounts=["type=volume", "src=shadowsync-shared", "dst=/shared"])
+                mounts=["type=volume", "src=shadowsync-shared", "dst=/shared"], check="config")
     with get_runner() as runner:
         info = runner.dryrun(app, "kubernetes", cfg={"queue": "default"})
     tasks = info.request.resource["spec"]["tasks"]
@@ -221,7 +271,32 @@ def test_kubernetes_dryrun(fake_bin: Path) -> None:
         env["VC_TRAIN_0_HOSTS"] = "train-0.svc"  # what Volcano's svc plugin gives other pods
         argv = _torchrun_argv(container.command, fake_bin, env)
         assert _flag(argv, "--rdzv_endpoint") in ("localhost:29500", "train-0.svc:29500")
-        assert _program(argv) == ["-m", MODULE, "--config", "synthetic", *TRICKY]
+        assert _program(argv) == ["-m", MODULE, "--config", "movielens_1m", *TRICKY]
+
+
+@pytest.mark.parametrize("image", [None, "registry/shadowsync:cuda"])
+def test_local_docker_dryrun_runs_the_image(fake_bin: Path, image: str | None) -> None:
+    """No docker daemon is needed to render the job; the default image is the one the
+    documented build tags."""
+    app = train(*TRICKY, check="config", **({} if image is None else {"image": image}))
+    with get_runner() as runner:
+        info = runner.dryrun(app, "local_docker", cfg={})
+    (container,) = info.request.containers
+    assert container.image == (image or "shadowsync:latest")
+    argv = _torchrun_argv(container.command, fake_bin, container.kwargs["environment"])
+    assert _program(argv) == ["-m", MODULE, "--config", "movielens_1m", *TRICKY]
+
+
+def test_image_recipe_installs_through_install_sh() -> None:
+    """docker/Dockerfile (CI has no docker daemon to build it): the one install path, the
+    default image's tag, and the PATH that the rendered ``bash -c "torchrun ..."`` needs."""
+    recipe = (REPO / "docker" / "Dockerfile").read_text()
+    lines = recipe.splitlines()
+    workdir = next(line.split()[1] for line in lines if line.startswith("WORKDIR "))
+    assert any(line.startswith("RUN ") and "bash scripts/install.sh" in line for line in lines)
+    assert "VENV=${VENV:-.venv}" in (REPO / "scripts" / "install.sh").read_text()
+    assert f"ENV PATH={workdir}/.venv/bin:$PATH" in lines
+    assert f"-t {train_components.DEFAULT_IMAGE} " in recipe
 
 
 @pytest.fixture
@@ -254,7 +329,7 @@ def test_torchx_run_trains_two_ranks(tmp_path: Path) -> None:
     component name)."""
     out = tmp_path / f"out dir; touch {tmp_path}/pwned 'q'"
     cmd = [str(VENV_BIN / "torchx"), "run", "--scheduler_args", f"log_dir={tmp_path / 'logs'}",
-           "--", "--config", "synthetic", *SHORT, f"output_dir={out}"]
+           "--", "--config", "synthetic", *SHORT, "train.log_every=20", f"output_dir={out}"]
     env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}"}
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
@@ -269,13 +344,25 @@ def test_torchx_run_trains_two_ranks(tmp_path: Path) -> None:
     assert _summary(out)["step"] == 40
     assert (out / "config.yaml").is_file()
     assert not (tmp_path / "pwned").exists()
+    # no terminal: a line a person reads every log_every steps, the digits in metrics.jsonl
+    # (TorchRec's throughput metric warms up for 100 steps: no examples/s yet)
+    assert re.search(r"\[0\]:.* step 20/40 \| loss \d\.\d{4} \| NE \d\.\d{4} \| AUC \d\.\d{4} \| "
+                     r"sync gap \d+\.\d \| ETA \d+:\d\d:\d\d\n", log), log[-4000:]
+    assert '{"step"' not in log
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r] == [20, 40]
+    assert all(time.time() - 600 < r["time"] <= time.time() for r in records)
+    assert re.search(rf"\[0\]:metrics +{re.escape(str(out / 'metrics.jsonl'))}\n", log)
+    # TorchRec's planner is built its own way: none of its deprecation warnings
+    assert "TopologyFactory" not in log and "StorageReservation" not in log
 
 
 @pytest.mark.usefixtures("venv_on_path")
 def test_two_nodes_meet_through_c10d_rendezvous(tmp_path: Path) -> None:
     """``-j 2x1`` on local_cwd: two torchrun agents (one per "node") rendezvous on a free port;
     ``${app_id}`` in an override is expanded by torchx."""
-    app = train(*SHORT, f"output_dir={tmp_path}/${{app_id}}", j="2x1", rdzv_port=_free_port(),
+    app = train(*SHORT, f"output_dir={tmp_path}/${{app_id}}", config="synthetic", j="2x1",
+                rdzv_port=_free_port(),
                 env={"OMP_NUM_THREADS": "1"})  # the two "nodes" share 2 cores
     with get_runner() as runner:
         handle = runner.run(app, "local_cwd", cfg={"log_dir": str(tmp_path / "logs")})
@@ -301,7 +388,7 @@ FAILING_RANK = textwrap.dedent("""\
 @pytest.mark.usefixtures("venv_on_path")
 def test_failing_rank_fails_the_job_with_its_error(tmp_path: Path) -> None:
     (tmp_path / "failing_rank.py").write_text(FAILING_RANK)
-    app = train(*SHORT, m="failing_rank", env={"PYTHONPATH": str(tmp_path)})
+    app = train(*SHORT, config="synthetic", m="failing_rank", env={"PYTHONPATH": str(tmp_path)})
     with get_runner() as runner:
         handle = runner.run(app, "local_cwd", cfg={"log_dir": str(tmp_path / "logs")})
         status = _wait(runner, handle, timeout_s=90)

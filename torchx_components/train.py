@@ -6,12 +6,56 @@ imports only and its helpers carry a ``_shadowsync`` prefix. Signatures use ``ty
 ``List`` and ``Optional`` because torchx's component linter accepts no other spelling.
 """
 
+import logging
+import sys
 from typing import Dict, List, Optional
 
 import torchx.specs as specs
 from torchx.components.dist import ddp, parse_nnodes
 
+from shadowsync.pipelines.config import DEFAULT_PRESET, load_config
+
 DEFAULT_IMAGE = "shadowsync:latest"
+_SHADOWSYNC_CHECKS = ("all", "config", "none")
+
+
+class _ShadowsyncRejected(SystemExit, ValueError):
+    """A run refused before submission: ``torchx run`` exits 2 (after the one message printed),
+    and a caller of the component can catch it as the ``ValueError`` it is."""
+
+
+def _shadowsync_check(check: str, config: str, overrides: list[str], j: str, gpu: int) -> None:
+    """Checks the run in this process before anything is submitted (every rank checks again):
+    ``config`` loads and validates the config, ``all`` also opens its data set and plans the
+    sharding for ``j`` ranks on CPU or GPU, as the job will. A bad setting prints one
+    ``error: ...`` line naming it and raises :class:`_ShadowsyncRejected`."""
+    if check not in _SHADOWSYNC_CHECKS:
+        raise ValueError(f"check={check!r}: expected one of {list(_SHADOWSYNC_CHECKS)}")
+    if check == "none":
+        return
+    try:
+        cfg = load_config(config, overrides)
+        if check == "all":
+            # torchx shows INFO, where fbgemm logs every library it loads and TorchRec's planner
+            # its search: the job's own log (rank 0) prints the plan
+            logging.disable(logging.INFO)
+            try:
+                # torch and TorchRec load only here: `torchx run --help` and config errors stay
+                # fast
+                import torch
+
+                from shadowsync.datasets import build_dataset
+                from shadowsync.pipelines.build import check_sharding
+
+                _, max_nnodes, nproc_per_node, _ = parse_nnodes(j)
+                dataset = build_dataset(cfg.data.name, **cfg.data.options)
+                check_sharding(cfg, dataset.spec, max_nnodes * nproc_per_node,
+                               torch.device("cuda" if gpu > 0 else "cpu"), nproc_per_node)
+            finally:
+                logging.disable(logging.NOTSET)
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        raise _ShadowsyncRejected(2) from e
 
 
 def _shadowsync_ddp(
@@ -54,7 +98,7 @@ def _shadowsync_ddp(
 
 def train(
     *overrides: str,
-    config: str = "synthetic",
+    config: str = DEFAULT_PRESET,
     j: str = "1x2",
     cpu: int = 4,
     gpu: int = 0,
@@ -66,18 +110,22 @@ def train(
     rdzv_port: int = 29500,
     mounts: Optional[List[str]] = None,
     m: str = "shadowsync.pipelines.train",
+    check: str = "all",
 ) -> specs.AppDef:
     """Trains a DLRM with ``python -m shadowsync.pipelines.train`` on every rank, via torchrun.
 
     For instance ``torchx run -s local_cwd --config synthetic -j 1x2 train.steps=40
     output_dir=/tmp/run``. Macros such as ``${app_id}`` in overrides are expanded by torchx
-    (e.g. ``output_dir=/shared/runs/${app_id}``); write ``$$`` for a literal ``$``.
+    (e.g. ``output_dir=/shared/runs/${app_id}``); write ``$$`` for a literal ``$``. The run is
+    checked before it is submitted: a bad setting ends ``torchx run`` with one ``error:`` line
+    and exit code 2, and nothing starts.
 
     Args:
         overrides: dotted config overrides (``key.sub=value``, values parsed as YAML), each one
             argument; ``output_dir=DIR`` (on shared storage for multi-node runs) receives
             config.yaml and metrics.jsonl
-        config: a preset name in pipelines/configs (``synthetic``) or a YAML path in the image
+        config: a preset name in pipelines/configs (``movielens_1m``, ``synthetic``) or a
+            YAML path in the image
         j: {nnodes}x{nproc_per_node}; on GPU hosts nproc_per_node must not exceed gpu
         cpu: cpus per node (replica)
         gpu: gpus per node (replica); 0 runs gloo on CPU, otherwise NCCL with one GPU per rank
@@ -90,7 +138,12 @@ def train(
         rdzv_port: port of the c10d rendezvous store on the first node (multi-node runs only)
         mounts: scheduler mounts, e.g. type=volume,src=PVC,dst=/mnt/shared for Kubernetes
         m: the entry module (another ShadowSync entry point taking the same arguments)
+        check: what to check here before submitting: ``all`` (the config, its data set and
+            the sharding plan for ``j`` and ``gpu``; for data this machine reads, as with
+            local_cwd), ``config`` (data only the cluster reads) or ``none`` (a config file
+            only the image holds)
     """
+    _shadowsync_check(check, config, list(overrides), j, gpu)
     return _shadowsync_ddp(
         m,
         ["--config", config, *overrides],
@@ -110,7 +163,7 @@ def train(
 def evaluate(
     *overrides: str,
     checkpoint: str,
-    config: str = "synthetic",
+    config: str = DEFAULT_PRESET,
     j: str = "1x2",
     cpu: int = 4,
     gpu: int = 0,
@@ -120,16 +173,20 @@ def evaluate(
     env: Optional[Dict[str, str]] = None,
     rdzv_port: int = 29500,
     mounts: Optional[List[str]] = None,
+    check: str = "all",
 ) -> specs.AppDef:
     """Evaluates a checkpoint with ``python -m shadowsync.pipelines.evaluate`` under torchrun.
 
-    The evaluate module is pending: this component fixes its launch (``--checkpoint PATH``,
-    ``--config``, dotted overrides) so that it runs like ``train`` once the module lands.
+    For instance ``torchx run torchx_components/train.py:evaluate --checkpoint runs/ckpt
+    --config movielens_1m``: every rank restores its shard of the checkpoint (the newest
+    complete one under a root) and rank 0 prints exact AUC, NE and calibration over the eval
+    split. Run it with the world size (``-j``) and the config of the run that wrote it. The
+    config is checked before submitting, as for ``train``.
 
     Args:
         overrides: dotted config overrides (``key.sub=value``), each one argument
-        checkpoint: checkpoint path visible to every node
-        config: a preset name in pipelines/configs or a YAML path in the image
+        checkpoint: a checkpoint directory, or a root holding several, visible to every node
+        config: the run's preset name in pipelines/configs or a YAML path in the image
         j: {nnodes}x{nproc_per_node}; on GPU hosts nproc_per_node must not exceed gpu
         cpu: cpus per node (replica)
         gpu: gpus per node (replica)
@@ -139,7 +196,9 @@ def evaluate(
         env: extra environment variables for every rank
         rdzv_port: port of the c10d rendezvous store on the first node (multi-node runs only)
         mounts: scheduler mounts, e.g. type=volume,src=PVC,dst=/mnt/shared for Kubernetes
+        check: ``all``, ``config`` or ``none``, as for ``train``
     """
+    _shadowsync_check(check, config, list(overrides), j, gpu)
     return _shadowsync_ddp(
         "shadowsync.pipelines.evaluate",
         ["--checkpoint", checkpoint, "--config", config, *overrides],
