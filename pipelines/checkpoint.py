@@ -176,8 +176,7 @@ def save(
         with fsspec.open(_join(target, MARKER), "w") as f:
             f.write(json.dumps({"step": step, "world_size": world, "time": time.time(),
                                 "files": files}))
-        if keep is not None:
-            _prune(root, keep, step)
+        _prune(root, keep, step)
     dist.barrier()
     return target
 
@@ -186,9 +185,9 @@ def _name(entry: str) -> str:
     return entry.rstrip("/").rsplit("/", 1)[-1]
 
 
-def _prune(root: str, keep: int, newest: int) -> None:
+def _prune(root: str, keep: int | None, newest: int) -> None:
     fs, path = _fs_and_path(root)
-    for step in complete_steps(root)[:-keep]:
+    for step in complete_steps(root)[:-keep] if keep is not None else []:
         fs.rm(_fs_and_path(step_dir(root, step))[1], recursive=True)
     for entry in fs.ls(path, detail=False):  # folders of writes that a crash cut short
         m = _STEP_DIR.search(entry.rstrip("/"))

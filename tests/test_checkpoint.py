@@ -24,7 +24,7 @@ from torch.distributed._shard.sharded_tensor import ShardedTensor
 from shadowsync.datasets import build_dataset
 from shadowsync.pipelines import checkpoint
 from shadowsync.pipelines.config import load_config
-from shadowsync.pipelines.evaluate import evaluate_checkpoint, find_checkpoint
+from shadowsync.pipelines.evaluate import evaluate_checkpoint
 from shadowsync.pipelines.train import Trainer, init_distributed
 from shadowsync.pipelines.trainer import CheckpointUnreadable
 from shadowsync.sync.wrapper import dense_parameters
@@ -61,7 +61,7 @@ def _run(rank: int, world_size: int, root: str, algorithm: list[str]) -> dict[st
     at_resume = _state(resumed)
     after = resumed.train()
     cfg = load_config("synthetic", common + [f"checkpoint.dir={root}/straight"])
-    evaluated = evaluate_checkpoint(cfg, find_checkpoint(f"{root}/straight"), env,
+    evaluated = evaluate_checkpoint(cfg, checkpoint.resolve(f"{root}/straight"), env,
                                     build_dataset(cfg.data.name, **cfg.data.options))
     return {"evaluated": evaluated, "full": full, "after": after, "straight": _state(straight),
             "resumed": _state(resumed), "saved": _state(interrupted), "at_resume": at_resume}
@@ -204,6 +204,20 @@ def test_latest_ignores_incomplete_and_foreign_entries(tmp_path: Path) -> None:
     found = checkpoint.latest(root)
     assert found is not None and found.step == 20
     assert found.path.endswith("step_00000020")
+    assert checkpoint.incomplete(root) == [str(tmp_path / "step_00000030")]
+
+
+def test_interrupted_writes_go_at_the_next_checkpoint(tmp_path: Path) -> None:
+    for step, complete in [(10, True), (20, False), (30, True), (40, False)]:
+        d = tmp_path / f"step_{step:08d}"
+        d.mkdir()
+        if complete:
+            (d / checkpoint.MARKER).write_text("{}")
+    checkpoint._prune(str(tmp_path), None, newest=30)  # rank 0, after writing step 30
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "step_00000010", "step_00000030", "step_00000040"]  # 40: written again, clean, later
+    checkpoint._prune(str(tmp_path), 1, newest=30)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000030", "step_00000040"]
 
 
 # ------------------------------------------------------------------------------ corruption
