@@ -31,8 +31,6 @@ from shadowsync.pipelines.config import ROW_WISE_FAMILY, RunConfig
 from shadowsync.sync.wrapper import (
     DDPReplicas,
     LocalReplicas,
-    PeriodicAveragerReplicas,
-    ShadowSyncReplicas,
     data_parallel_table_parameters,
     dense_parameters,
 )
@@ -136,18 +134,6 @@ def init_distributed(timeout_s: float) -> DistEnv:
     if not dist.is_initialized():
         dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
     return DistEnv(dist.get_rank(), dist.get_world_size(), local_rank, device, backend)
-
-
-def make_replica_wrapper(cfg: RunConfig) -> LocalReplicas | DDPReplicas:
-    """The ``sync.algorithm`` setting: ``ddp``, ``none``, ``pma`` or a ShadowSync strategy."""
-    algorithm = cfg.sync.algorithm
-    if algorithm == "ddp":
-        return DDPReplicas()
-    if algorithm == "none":
-        return LocalReplicas()
-    if algorithm == "pma":
-        return PeriodicAveragerReplicas(cfg.sync.period)
-    return ShadowSyncReplicas.from_config(cfg.sync)
 
 
 def sharding_constraints(cfg: RunConfig, spec: DataSpec, device: torch.device) -> dict[str, Any]:

@@ -22,12 +22,11 @@ from typing import Any, Literal
 import yaml
 
 from shadowsync.models.config import DLRMConfig
+from shadowsync.sync.config import SyncConfig, strategy_algorithms
 
-SyncAlgorithm = Literal["none", "ddp", "ma", "easgd", "bmuf", "pma"]
 ShardingType = Literal["table_wise", "column_wise", "table_column_wise", "data_parallel",
                        "row_wise", "table_row_wise", "grid_shard"]
 ROW_WISE_FAMILY = ("row_wise", "table_row_wise", "grid_shard")
-SHADOWSYNC_ALGORITHMS = ("ma", "easgd", "bmuf")
 PRESET_DIR = Path(__file__).parent / "configs"
 DEFAULT_PRESET = "movielens_1m"  # the README's main job: what evaluate and the components use
 logger = logging.getLogger("shadowsync.config")
@@ -94,76 +93,6 @@ class OptimConfig:
 
 
 @dataclass
-class SyncConfig:
-    """How dense replicas are kept in step (``ddp`` and ``none`` are the baselines).
-
-    ``ma``, ``easgd`` and ``bmuf`` are ShadowSync strategies, run in the background
-    (``mode: shadow``) or blocking every ``period`` steps (``mode: fixed_rate``). ``pma`` is
-    PyTorch's own ``PeriodicModelAverager`` every ``period`` steps, an outside reference.
-    ``backend`` carries the synchronizer's own process group. It defaults to gloo on GPUs too:
-    NCCL does not promise that collectives issued from two threads on two communicators of one
-    device make progress, and the shadow thread does exactly that beside training's NCCL.
-
-    ``timeout_s`` bounds one synchronization collective on that group and, in shadow mode, how
-    long training runs without a completed round before the synchronizer counts as stalled.
-    ``on_failure`` says what a failed or stalled synchronizer does: ``raise`` stops the job with
-    an error naming the rank; ``degrade`` lets every rank train its own replica (all ranks switch
-    on the same step) and rejoin after ``rejoin_after_steps`` steps, or at the next checkpoint,
-    evaluation or end of training if sooner, on a fresh group with the replicas averaged.
-
-    Pacing of shadow rounds: ``max_slowdown`` is the share of the training step rate the user
-    accepts to lose to synchronization (0.05: keep >= 95%); the runner measures what a round in
-    flight costs a step and spaces rounds to stay within it, so the sync gap adapts to the
-    link, the CPU and the model. ``min_interval_s`` and ``max_comm_share`` are fixed floors on
-    the spacing (with ``chunk_mb``, ``max_comm_share``'s pause is taken between the chunks).
-    ``wire_dtype`` sends each round's payload in bfloat16 or float16 (differences
-    to a rank-identical reference; half the bytes), shadow and fixed-rate alike. ``chunk_mb``
-    splits each round's allreduce into collectives of at most that size, so a round never
-    queues more than one chunk ahead of the embedding all-to-alls on a shared link.
-    """
-
-    algorithm: SyncAlgorithm = "none"
-    mode: Literal["shadow", "fixed_rate"] = "shadow"
-    period: int = 1
-    alpha: float = 0.5
-    block_momentum: float | None = None
-    block_lr: float = 1.0
-    nesterov: bool = False
-    min_interval_s: float = 0.0
-    max_comm_share: float | None = None
-    max_slowdown: float | None = None
-    wire_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    chunk_mb: float | None = None
-    final_sync: bool = True
-    timeout_s: float = 300.0
-    backend: Literal["gloo", "nccl"] = "gloo"
-    on_failure: Literal["raise", "degrade"] = "raise"
-    rejoin_after_steps: int = 200
-
-    def ignored(self) -> dict[str, str]:
-        """The settings that do nothing under this ``algorithm`` and ``mode``, each with where
-        it would act, so that an override that changes nothing can be pointed out."""
-        if self.algorithm not in SHADOWSYNC_ALGORITHMS:
-            where = {f.name: "sync.algorithm ma, easgd or bmuf" for f in dataclasses.fields(self)
-                     if f.name != "algorithm"}
-            if self.algorithm == "pma":
-                del where["period"]
-            return where
-        where = {}
-        if self.algorithm != "easgd":
-            where["alpha"] = "sync.algorithm=easgd"
-        if self.algorithm != "bmuf":
-            where.update(dict.fromkeys(("block_momentum", "block_lr", "nesterov"),
-                                       "sync.algorithm=bmuf"))
-        if self.mode == "shadow":
-            where["period"] = "sync.mode=fixed_rate or sync.algorithm=pma"
-        else:
-            where.update(dict.fromkeys(("min_interval_s", "max_comm_share", "max_slowdown"),
-                                       "sync.mode=shadow"))
-        return where
-
-
-@dataclass
 class TrainConfig:
     """The training loop.
 
@@ -172,8 +101,8 @@ class TrainConfig:
     It must cover the slowest gap between ranks, such as a checkpoint write. Every
     ``control_every_steps`` steps the ranks agree on stopping (SIGTERM reached any rank) and
     on degrading a failed synchronizer, in one tiny allreduce on a gloo group of its own
-    (~0.6 ms on 2 busy CPU ranks, against 10-30 ms per step: every 10 steps costs < 1%), and
-    always before a checkpoint, an evaluation and the end.
+    (a small fraction of one step, paid once every ``control_every_steps``), and always before
+    a checkpoint, an evaluation and the end.
 
     Every rank beats every ``heartbeat_s`` in the job's store; a peer process silent for
     ``heartbeat_timeout_s`` (killed, stopped, hung) ends the job naming it, however long
@@ -240,8 +169,6 @@ class RunConfig:
             "train.epochs": self.train.epochs,
             "train.log_every": self.train.log_every,
             "eval.batch_size": self.eval.batch_size,
-            "sync.period": self.sync.period,
-            "sync.rejoin_after_steps": self.sync.rejoin_after_steps,
             "train.control_every_steps": self.train.control_every_steps,
         }
         optional_positive = {
@@ -259,7 +186,6 @@ class RunConfig:
         for key, value in {
             "optim.dense_lr": self.optim.dense_lr,
             "optim.sparse_lr": self.optim.sparse_lr,
-            "sync.timeout_s": self.sync.timeout_s,
             "train.pg_timeout_s": self.train.pg_timeout_s,
         }.items():
             if value <= 0:
@@ -270,19 +196,7 @@ class RunConfig:
             t = self.train
             raise ValueError(f"train.heartbeat_timeout_s ({t.heartbeat_timeout_s}) must be at "
                              f"least 3 x train.heartbeat_s ({t.heartbeat_s}), both positive")
-        s = self.sync
-        if not 0 < s.alpha <= 1:
-            raise ValueError(f"sync.alpha must be in (0, 1], got {s.alpha}")
-        if s.block_momentum is not None and not 0 <= s.block_momentum < 1:
-            raise ValueError(f"sync.block_momentum must be in [0, 1), got {s.block_momentum}")
-        if s.max_comm_share is not None and not 0 < s.max_comm_share <= 1:
-            raise ValueError(f"sync.max_comm_share must be in (0, 1], got {s.max_comm_share}")
-        if s.chunk_mb is not None and not s.chunk_mb > 0:
-            raise ValueError(f"sync.chunk_mb must be positive, got {s.chunk_mb}")
-        if s.max_slowdown is not None and not 0 < s.max_slowdown < 1:
-            raise ValueError(f"sync.max_slowdown must be in (0, 1), got {s.max_slowdown}")
-        if s.min_interval_s < 0:
-            raise ValueError(f"sync.min_interval_s must be >= 0, got {s.min_interval_s}")
+        self.sync.validate()
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -412,7 +326,7 @@ def _warn_ignored(cfg: RunConfig, keys: list[str]) -> None:
         return
     ignored, default = cfg.sync.ignored(), SyncConfig()
     chosen = f"sync.algorithm={cfg.sync.algorithm}"
-    if cfg.sync.algorithm in SHADOWSYNC_ALGORITHMS:
+    if cfg.sync.algorithm in strategy_algorithms():
         chosen += f" sync.mode={cfg.sync.mode}"
     for key in keys:
         section, _, name = key.partition(".")

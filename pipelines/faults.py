@@ -304,9 +304,7 @@ class Control:
     through one small allreduce on a gloo group of their own.
 
     Gloo on CPU tensors, even beside NCCL training, so that asking never synchronizes a GPU
-    stream; every rank must call :meth:`ranks_with` at the same point of its loop. One call
-    took 0.63 ms on 2 CPU ranks sharing 2 busy cores (3,000 calls), next to 10-30 ms for a
-    step of the small test model.
+    stream; every rank must call :meth:`ranks_with` at the same point of its loop.
     """
 
     def __init__(self, timeout_s: float) -> None:
@@ -359,9 +357,7 @@ class FiniteWatch:
     :meth:`observe` queues one fused norm over the gradients and the loss
     (``_foreach_norm``; NaN and inf propagate, and so does a gradient too large to square in
     float32, |g| > 1.8e19, which would turn Adagrad's or Adam's state inf) and four small ops:
-    with :meth:`poll`, ~90 us a step on one of two shared CPU cores for the 28k dense
-    parameters of the synthetic preset (~1% of a 9 ms MovieLens step there; the work is a
-    per-tensor loop on CPU), a few kernel launches on a GPU. :meth:`poll` returns
+    a per-tensor loop on CPU, a few kernel launches on a GPU. :meth:`poll` returns
     what is known without waiting: on CPU the current values (there is no device to wait
     for); on a GPU those of an earlier step, copied to pinned memory asynchronously and read
     once the copy's event has completed. :meth:`first_steps` reads the current values (a

@@ -32,12 +32,11 @@ from shadowsync.pipelines.build import (
     DistEnv,
     build_optimizer,
     build_sharded_model,
-    make_replica_wrapper,
 )
 from shadowsync.pipelines.config import RunConfig
 from shadowsync.pipelines.console import ConsoleLog, planned_steps
 from shadowsync.pipelines.metrics import gather_metrics
-from shadowsync.sync.wrapper import dense_parameters
+from shadowsync.sync.wrapper import build_replica_wrapper, dense_parameters
 
 logger = logging.getLogger("shadowsync.train")
 
@@ -106,7 +105,7 @@ class Trainer:
         self.cfg = cfg
         self.env = env
         self.dataset = dataset
-        self.wrapper = make_replica_wrapper(cfg)
+        self.wrapper = build_replica_wrapper(cfg.sync)
         self.dmp, self.plan = build_sharded_model(cfg, dataset.spec, env, self.wrapper)
         self.optimizer = build_optimizer(cfg, self.dmp)
         self.pipeline = TrainPipelineSparseDist(self.dmp, self.optimizer, env.device)

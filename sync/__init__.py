@@ -1,31 +1,47 @@
-"""Background (ShadowSync) and fixed-rate synchronization of dense replicas."""
+"""Background (ShadowSync) and fixed-rate synchronization of dense replicas.
 
-from shadowsync.sync.runner import (
-    FixedRateSyncRunner,
-    ShadowSyncRunner,
-    SyncError,
-    SyncRunner,
-    SyncStats,
-    broadcast_,
-    new_sync_group,
-)
-from shadowsync.sync.strategies import (
-    BlockwiseModelUpdateFiltering,
-    ElasticAveraging,
-    ModelAveraging,
-    SyncStrategy,
-)
+Stands alone: it needs PyTorch and ``torch.distributed``, never the pipeline, and TorchRec only
+for the ``DistributedModelParallel`` wrappers in :mod:`.wrapper`. The settings and the
+algorithm registry (:mod:`.config`) import without torch; the rest loads on first use.
 
-__all__ = [
-    "BlockwiseModelUpdateFiltering",
-    "ElasticAveraging",
-    "FixedRateSyncRunner",
-    "ModelAveraging",
-    "ShadowSyncRunner",
-    "SyncError",
-    "SyncRunner",
-    "SyncStats",
-    "SyncStrategy",
-    "broadcast_",
-    "new_sync_group",
-]
+Example (plain PyTorch, every rank)::
+
+    from shadowsync.sync import ModelAveraging, ShadowSyncRunner, broadcast_, new_sync_group
+
+    params = list(model.parameters())
+    broadcast_(params)                          # replicas start identical
+    runner = ShadowSyncRunner(params, ModelAveraging(), new_sync_group("gloo"))
+    runner.start()
+    for x, y in batches:
+        loss_fn(model(x), y).backward(); optimizer.step(); optimizer.zero_grad()
+        runner.step()                           # adds a finished round's delta
+    runner.stop()                               # final sync: identical replicas
+"""
+
+from typing import Any
+
+from shadowsync.sync.config import SyncConfig, register_algorithm, registered_algorithms
+
+_LAZY = {
+    "FixedRateSyncRunner": "runner",
+    "ShadowSyncRunner": "runner",
+    "SyncError": "runner",
+    "SyncRunner": "runner",
+    "SyncStats": "runner",
+    "broadcast_": "runner",
+    "new_sync_group": "runner",
+    "BlockwiseModelUpdateFiltering": "strategies",
+    "ElasticAveraging": "strategies",
+    "ModelAveraging": "strategies",
+    "SyncStrategy": "strategies",
+}
+
+__all__ = ["SyncConfig", "register_algorithm", "registered_algorithms", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f"shadowsync.sync.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -35,6 +35,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.profiler import record_function
 
+from shadowsync.sync.config import check
 from shadowsync.sync.strategies import SyncStrategy
 
 __all__ = [
@@ -572,8 +573,9 @@ class FixedRateSyncRunner(SyncRunner):
     def __init__(self, params: Sequence[Tensor], strategy: SyncStrategy,
                  group: dist.ProcessGroup, *, period: int, chunk_bytes: int | None = None
                  ) -> None:
-        if isinstance(period, bool) or not isinstance(period, int) or period < 1:
-            raise ValueError(f"period must be an int >= 1, got {period!r}")
+        if isinstance(period, bool) or not isinstance(period, int):
+            raise ValueError(f"period must be an int, got {period!r}")
+        check("period", period)
         super().__init__(params, strategy, group, chunk_bytes=chunk_bytes)
         self._period = period
 
@@ -622,8 +624,7 @@ class SlowdownPacer:
     """
 
     def __init__(self, max_slowdown: float, window: int = 32, explore_every: int = 16) -> None:
-        if not 0.0 < max_slowdown < 1.0:
-            raise ValueError(f"max_slowdown must be in (0, 1), got {max_slowdown}")
+        check("max_slowdown", max_slowdown)
         self.max_slowdown = max_slowdown
         self.explore_every = explore_every
         self._quiet: collections.deque[float] = collections.deque(maxlen=window)
@@ -763,10 +764,8 @@ class ShadowSyncRunner(SyncRunner):
                  group: dist.ProcessGroup, *, min_interval_s: float = 0.0,
                  max_comm_share: float = 1.0, max_slowdown: float | None = None,
                  deadline_s: float | None = None, chunk_bytes: int | None = None) -> None:
-        if not min_interval_s >= 0.0:
-            raise ValueError(f"min_interval_s must be >= 0, got {min_interval_s}")
-        if not 0.0 < max_comm_share <= 1.0:
-            raise ValueError(f"max_comm_share must be in (0, 1], got {max_comm_share}")
+        check("min_interval_s", min_interval_s)
+        check("max_comm_share", max_comm_share)
         if deadline_s is not None and not deadline_s > min_interval_s:
             raise ValueError(f"deadline_s must be > min_interval_s ({min_interval_s}), "
                              f"got {deadline_s}")

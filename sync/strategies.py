@@ -35,6 +35,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from shadowsync.sync.config import SyncConfig, check
+
 __all__ = [
     "WIRE_DTYPES",
     "BlockwiseModelUpdateFiltering",
@@ -70,6 +72,11 @@ class SyncStrategy(abc.ABC):
         self._dtype = torch.float32
         self._world_size = 0
         self.rounds = 0
+
+    @classmethod
+    def from_config(cls, cfg: SyncConfig) -> SyncStrategy:
+        """The strategy with the settings ``cfg`` gives it (``sync.*`` in a run's config)."""
+        return cls(wire_dtype=getattr(torch, cfg.wire_dtype))
 
     def init(self, params: Tensor, world_size: int) -> None:
         """Bind the strategy to the flat parameters of an already-identical set of replicas.
@@ -241,10 +248,13 @@ class ElasticAveraging(SyncStrategy):
 
     def __init__(self, alpha: float, wire_dtype: torch.dtype | None = None) -> None:
         super().__init__(wire_dtype)
-        if not 0.0 < alpha <= 1.0:
-            raise ValueError(f"alpha must be in (0, 1], got {alpha}")
+        check("alpha", alpha)
         self.alpha = alpha
         self.center = torch.empty(0)
+
+    @classmethod
+    def from_config(cls, cfg: SyncConfig) -> ElasticAveraging:
+        return cls(alpha=cfg.alpha, wire_dtype=getattr(torch, cfg.wire_dtype))
 
     def _init_state(self, params: Tensor) -> None:
         self.center = params.detach().clone()
@@ -308,16 +318,19 @@ class BlockwiseModelUpdateFiltering(SyncStrategy):
         wire_dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__(wire_dtype)
-        if block_momentum is not None and not 0.0 <= block_momentum < 1.0:
-            raise ValueError(f"block_momentum must be in [0, 1), got {block_momentum}")
-        if not block_lr > 0.0:
-            raise ValueError(f"block_lr must be > 0, got {block_lr}")
+        check("block_momentum", block_momentum)
+        check("block_lr", block_lr)
         self._requested_block_momentum = block_momentum
         self.block_momentum = 0.0
         self.block_lr = block_lr
         self.nesterov = nesterov
         self.global_model = torch.empty(0)
         self.momentum = torch.empty(0)
+
+    @classmethod
+    def from_config(cls, cfg: SyncConfig) -> BlockwiseModelUpdateFiltering:
+        return cls(block_momentum=cfg.block_momentum, block_lr=cfg.block_lr,
+                   nesterov=cfg.nesterov, wire_dtype=getattr(torch, cfg.wire_dtype))
 
     def _init_state(self, params: Tensor) -> None:
         requested = self._requested_block_momentum

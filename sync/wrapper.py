@@ -28,7 +28,7 @@ from torchrec.distributed.model_parallel import (
 )
 from torchrec.distributed.types import ShardingEnv
 
-from shadowsync.pipelines.config import SyncConfig
+from shadowsync.sync.config import SyncConfig, algorithm
 from shadowsync.sync.runner import (
     FixedRateSyncRunner,
     NonFiniteError,
@@ -38,12 +38,7 @@ from shadowsync.sync.runner import (
     average_,
     new_sync_group,
 )
-from shadowsync.sync.strategies import (
-    BlockwiseModelUpdateFiltering,
-    ElasticAveraging,
-    ModelAveraging,
-    SyncStrategy,
-)
+from shadowsync.sync.strategies import SyncStrategy
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +109,12 @@ class ReplicaHooks:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         del state
 
+    @classmethod
+    def from_config(cls, cfg: SyncConfig) -> ReplicaHooks:
+        """The wrapper for ``cfg`` (a baseline reads none of it)."""
+        del cfg
+        return cls()
+
 
 class LocalReplicas(DataParallelWrapper, ReplicaHooks):
     """Each rank keeps its own dense replica; they start identical by one broadcast from rank 0.
@@ -151,6 +152,10 @@ class PeriodicAveragerReplicas(LocalReplicas):
         self.period = period
         self.averager: PeriodicModelAverager | None = None
 
+    @classmethod
+    def from_config(cls, cfg: SyncConfig) -> PeriodicAveragerReplicas:
+        return cls(cfg.period)
+
     def wrap(self, dmp: DistributedModelParallel, env: ShardingEnv, device: torch.device) -> None:
         super().wrap(dmp, env, device)
         self.averager = PeriodicModelAverager(
@@ -168,18 +173,30 @@ class PeriodicAveragerReplicas(LocalReplicas):
 
 
 def make_strategy(cfg: SyncConfig) -> SyncStrategy:
-    """The strategy named by ``sync.algorithm`` with its settings."""
-    wire = getattr(torch, cfg.wire_dtype)
-    if cfg.algorithm == "ma":
-        return ModelAveraging(wire_dtype=wire)
-    if cfg.algorithm == "easgd":
-        return ElasticAveraging(alpha=cfg.alpha, wire_dtype=wire)
-    if cfg.algorithm == "bmuf":
-        return BlockwiseModelUpdateFiltering(
-            block_momentum=cfg.block_momentum, block_lr=cfg.block_lr, nesterov=cfg.nesterov,
-            wire_dtype=wire,
-        )
-    raise ValueError(f"sync.algorithm: {cfg.algorithm!r} is not a ShadowSync strategy")
+    """The ShadowSync strategy registered as ``sync.algorithm``, with its settings."""
+    entry = algorithm(cfg.algorithm)
+    if not entry.strategy:
+        raise ValueError(f"sync.algorithm: {cfg.algorithm!r} is not a ShadowSync strategy")
+    strategy: SyncStrategy = entry.load().from_config(cfg)
+    return strategy
+
+
+def build_replica_wrapper(cfg: SyncConfig) -> LocalReplicas | DDPReplicas:
+    """The data-parallel wrapper for ``sync.algorithm`` (see
+    :func:`~shadowsync.sync.config.register_algorithm`): a ShadowSync strategy runs in
+    :class:`ShadowSyncReplicas`, a baseline is its own wrapper.
+
+    Example::
+
+        dmp = DistributedModelParallel(model, device=device,
+                                       data_parallel_wrapper=build_replica_wrapper(cfg.sync))
+    """
+    cfg.validate()
+    entry = algorithm(cfg.algorithm)
+    if entry.strategy:
+        return ShadowSyncReplicas.from_config(cfg)
+    wrapper: LocalReplicas | DDPReplicas = entry.load().from_config(cfg)
+    return wrapper
 
 
 class ShadowSyncReplicas(LocalReplicas):

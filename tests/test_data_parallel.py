@@ -18,11 +18,10 @@ from shadowsync.models import build_dlrm
 from shadowsync.pipelines.build import (
     build_sharded_model,
     init_distributed,
-    make_replica_wrapper,
     plan_ranks,
 )
 from shadowsync.pipelines.config import RunConfig, load_config
-from shadowsync.sync.wrapper import data_parallel_table_parameters
+from shadowsync.sync.wrapper import build_replica_wrapper, data_parallel_table_parameters
 from tests._dist import run_ranks
 
 FBGEMM_WARNING = "fbgemm::dense_embedding_codegen_lookup_function: an autograd kernel"
@@ -45,7 +44,7 @@ def _sharded_grads(rank: int, world_size: int) -> dict[str, Any]:
     env = init_distributed(60)
     cfg = _config()
     dataset = build_dataset(cfg.data.name, **cfg.data.options)
-    dmp, plan = build_sharded_model(cfg, dataset.spec, env, make_replica_wrapper(cfg))
+    dmp, plan = build_sharded_model(cfg, dataset.spec, env, build_replica_wrapper(cfg.sync))
     tables = data_parallel_table_parameters(dmp)
     weights = {name: p.detach().clone() for name, p in tables.items()}
     batch = next(iter(dataset.train_batches(cfg.train.batch_size, rank, world_size)))
