@@ -86,7 +86,11 @@ class Algorithm:
 
     def load(self) -> Any:
         module, _, attr = self.target.partition(":")
-        return getattr(importlib.import_module(module), attr)
+        try:
+            return getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as e:
+            raise ValueError(f"sync.algorithm: cannot import {self.target!r} "
+                             f"({type(e).__name__}: {e})") from e
 
 
 _ALGORITHMS: dict[str, Algorithm] = {}
@@ -114,9 +118,16 @@ def strategy_algorithms() -> list[str]:
 
 
 def algorithm(name: str) -> Algorithm:
-    if name not in _ALGORITHMS:
-        raise ValueError(f"sync.algorithm: must be one of {registered_algorithms()}, got {name!r}")
-    return _ALGORITHMS[name]
+    """The registered algorithm ``name``; a ``"module:Class"`` path names a
+    :class:`~shadowsync.sync.strategies.SyncStrategy` subclass of the user's own (imported when
+    the synchronizer is built)."""
+    if name in _ALGORITHMS:
+        return _ALGORITHMS[name]
+    module, _, attr = name.partition(":")
+    if module and attr.isidentifier():
+        return Algorithm(name, strategy=True)
+    raise ValueError(f"sync.algorithm: must be one of {registered_algorithms()} or "
+                     f"'module:StrategyClass', got {name!r}")
 
 
 # Settings of every strategy run by the ShadowSync runner, and which of them each mode reads.
@@ -188,7 +199,7 @@ class SyncConfig:
             return {f.name: f"sync.algorithm {names}" for f in dataclasses.fields(self)
                     if f.name != "algorithm" and f.name not in chosen.reads}
         where: dict[str, str] = {}
-        for name in strategies:
+        for name in strategies if self.algorithm in _ALGORITHMS else []:  # own: may read any
             for setting in _ALGORITHMS[name].reads:
                 if setting not in chosen.reads:
                     where[setting] = f"sync.algorithm={name}"

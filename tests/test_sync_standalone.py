@@ -10,6 +10,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from tests._dist import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -84,3 +86,19 @@ def test_shadow_sync_on_a_plain_pytorch_model() -> None:
         assert r["rounds"] >= 5, r["rounds"]  # synchronized in the background, many times
         assert r["loss"] < 1.0, r["loss"]  # and learned (the target's variance is 8)
     assert results[0]["params"] == results[1]["params"]  # the final sync: one model
+
+
+def test_a_strategy_of_ones_own_by_import_path() -> None:
+    from shadowsync.sync.config import SyncConfig
+    from shadowsync.sync.strategies import ElasticAveraging
+    from shadowsync.sync.wrapper import make_strategy
+
+    cfg = SyncConfig(algorithm="shadowsync.sync.strategies:ElasticAveraging", alpha=0.3)
+    cfg.validate()
+    strategy = make_strategy(cfg)
+    assert isinstance(strategy, ElasticAveraging) and strategy.alpha == 0.3
+    assert "alpha" not in cfg.ignored()  # a strategy of one's own may read any setting
+    with pytest.raises(ValueError, match="sync.algorithm: cannot import 'no_such.mod:Avg'"):
+        make_strategy(SyncConfig(algorithm="no_such.mod:Avg"))
+    with pytest.raises(ValueError, match="sync.algorithm: must be one of"):
+        SyncConfig(algorithm="no-colon").validate()
