@@ -1,19 +1,37 @@
-"""The model zoo: DLRM-style CTR models whose embeddings TorchRec shards.
+"""The model zoo: CTR models whose embeddings TorchRec shards, picked by ``model.name``.
 
-``DLRMConfig`` imports without torch; the models load torch and TorchRec on first use, so a
-run's config can be checked (``pipelines.config``) in a second, before they load.
+The configs (:mod:`.config`) import without torch; the models load torch and TorchRec on first
+use, so a run's config can be checked (``pipelines.config``) in a second, before they load.
+:func:`load` brings a trained model back out of a checkpoint.
 """
 
 from typing import Any
 
-from shadowsync.models.config import DLRMConfig
+from shadowsync.models.config import (
+    MODEL_CONFIGS,
+    AutoIntConfig,
+    CustomModelConfig,
+    DCNConfig,
+    DeepFMConfig,
+    DLRMConfig,
+    DLRMProjectionConfig,
+    ModelConfig,
+    WideDeepConfig,
+)
 
-__all__ = ["DLRM", "DLRM_DCN", "DLRMConfig", "DLRMTrain", "build_dlrm"]
+_LAZY = {
+    "DLRM": "dlrm", "DLRM_DCN": "dlrm", "DLRM_Projection": "dlrm", "DeepFM": "deepfm",
+    "WideDeep": "wide_deep", "DCN": "dcn", "AutoInt": "autoint", "RecTrain": "zoo",
+    "build_model": "zoo", "load": "zoo", "ModelMismatch": "zoo",
+}
+
+__all__ = ["MODEL_CONFIGS", "AutoIntConfig", "CustomModelConfig", "DCNConfig", "DLRMConfig",
+           "DLRMProjectionConfig", "DeepFMConfig", "ModelConfig", "WideDeepConfig", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:
-    if name in __all__:
-        from shadowsync.models import dlrm
+    if name in _LAZY:
+        import importlib
 
-        return getattr(dlrm, name)
+        return getattr(importlib.import_module(f"shadowsync.models.{_LAZY[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

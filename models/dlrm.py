@@ -1,4 +1,4 @@
-"""DLRM and DLRM-DCNv2 over TorchRec's sharding-ready embedding modules.
+"""DLRM, DLRM-DCNv2 and DLRM with projection over TorchRec's sharding-ready embedding modules.
 
 The dense path (bottom MLP, interaction, top MLP) is what ShadowSync keeps in step across
 replicas; the sparse path is an :class:`~torchrec.EmbeddingBagCollection` that TorchRec shards
@@ -8,15 +8,23 @@ moves between the two unchanged (``tests/test_models.py`` holds them to 1e-6).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
-from torchrec.datasets.utils import Batch
+from torchrec.models.dlrm import DLRM_Projection
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.modules.mlp import MLP
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from shadowsync.models.config import DLRMConfig
-from shadowsync.models.init import reset_from_seed_
+from shadowsync.models.config import DLRMConfig, DLRMProjectionConfig
+
+if TYPE_CHECKING:
+    from shadowsync.datasets import DataSpec
+
+__all__ = ["DLRM", "DLRM_DCN", "DLRM_Projection", "LowRankCrossNet", "build_dlrm",
+           "build_dlrm_projection"]
 
 
 class SparseArch(nn.Module):
@@ -205,20 +213,6 @@ class DLRM(nn.Module):
     def _interaction(self, device: torch.device | None) -> nn.Module:
         return DotInteraction(self.sparse_arch.F)
 
-    def dense_modules(self) -> list[nn.Module]:
-        """The dense part, every replica's own: bottom MLP, interaction, top MLP."""
-        return [self.dense_arch, self.inter_arch, self.over_arch]
-
-    def reset_dense_parameters(self, seed: int) -> None:
-        """Initializes the dense part from ``seed`` alone (:func:`~.init.reset_from_seed_`).
-
-        The same values whether the model was built on CPU, on a GPU, or on ``meta`` and
-        materialized by DistributedModelParallel, for any world size and sharding plan: the
-        embedding tables draw from the global RNG before, in amounts that depend on the plan,
-        and do not move this. The embedding tables are left alone.
-        """
-        reset_from_seed_(self.dense_modules(), seed)
-
     def forward(
         self, dense_features: torch.Tensor, sparse_features: KeyedJaggedTensor
     ) -> torch.Tensor:
@@ -266,61 +260,33 @@ class DLRM_DCN(DLRM):  # noqa: N801 - the name users know from torchrec.models.d
         return CrossInteraction(self.sparse_arch.F, crossnet)
 
 
-class DLRMTrain(nn.Module):
-    """Adds the loss, in the ``(loss, (loss, logits, labels))`` form TorchRec's pipelines expect."""
-
-    def __init__(self, model: DLRM) -> None:
-        super().__init__()
-        self.model = model
-        self.loss_fn = nn.BCEWithLogitsLoss()
-
-    def forward(
-        self, batch: Batch
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        logits = self.model(batch.dense_features, batch.sparse_features).squeeze(-1)
-        loss = self.loss_fn(logits, batch.labels.float())
-        return loss, (loss.detach(), logits.detach(), batch.labels.detach())
-
-
 def build_dlrm(
-    cfg: DLRMConfig,
-    dense_in_features: int,
-    sparse_names: list[str],
-    num_embeddings: list[int],
-    device: torch.device,
-    seed: int | None = None,
-) -> DLRMTrain:
-    """Builds the model zoo's DLRM (``dot``) or DLRM-DCN (``dcn``) on ``device``.
+    spec: DataSpec, tables: list[EmbeddingBagConfig], options: DLRMConfig, device: torch.device
+) -> DLRM:
+    """The zoo's builder (:func:`~shadowsync.models.zoo.build_model`) of ``model.name: dlrm``:
+    DLRM (``interaction: dot``) or DLRM-DCNv2 (``dcn``)."""
+    ebc = EmbeddingBagCollection(tables=tables, device=device)
+    dense = (ebc, len(spec.dense_names), options.dense_arch_layer_sizes,
+             options.over_arch_layer_sizes)
+    if options.interaction == "dcn":
+        return DLRM_DCN(*dense, options.dcn_num_layers, options.dcn_low_rank_dim,
+                        dense_device=device)
+    return DLRM(*dense, dense_device=device)
 
-    ``meta`` is fine: DistributedModelParallel materializes only the shards each rank owns,
-    and every module holding parameters can initialize itself (``reset_parameters()``).
-    With ``seed``, the dense part is initialized from it alone
-    (:meth:`DLRM.reset_dense_parameters`; on ``meta``, call that after materializing): the
-    dense part the training job builds through DistributedModelParallel with
-    ``train.seed=seed``. Without, everything draws from the global RNG as it is built.
-    """
-    cfg.validate()
-    ebc = EmbeddingBagCollection(
-        tables=cfg.embedding_bag_configs(sparse_names, num_embeddings), device=device
+
+def build_dlrm_projection(
+    spec: DataSpec, tables: list[EmbeddingBagConfig], options: DLRMProjectionConfig,
+    device: torch.device,
+) -> DLRM_Projection:
+    """The zoo's builder of ``model.name: dlrm_projection``: TorchRec's own ``DLRM_Projection``
+    (arXiv 1906.00091, the dot interaction between two projections of the F+1 vectors), used
+    as it is: every module it holds can initialize itself after materialization."""
+    return DLRM_Projection(
+        EmbeddingBagCollection(tables=tables, device=device),
+        len(spec.dense_names),
+        options.dense_arch_layer_sizes,
+        options.over_arch_layer_sizes,
+        options.interaction_branch1_layer_sizes,
+        options.interaction_branch2_layer_sizes,
+        dense_device=device,
     )
-    if cfg.interaction == "dcn":
-        model: DLRM = DLRM_DCN(
-            ebc,
-            dense_in_features,
-            cfg.dense_arch_layer_sizes,
-            cfg.over_arch_layer_sizes,
-            cfg.dcn_num_layers,
-            cfg.dcn_low_rank_dim,
-            dense_device=device,
-        )
-    else:
-        model = DLRM(
-            ebc,
-            dense_in_features,
-            cfg.dense_arch_layer_sizes,
-            cfg.over_arch_layer_sizes,
-            dense_device=device,
-        )
-    if seed is not None and device.type != "meta":
-        model.reset_dense_parameters(seed)
-    return DLRMTrain(model)

@@ -1,5 +1,6 @@
-"""Builds a sharded DLRM run: the process group, the model under DistributedModelParallel with a
-planned sharding, and its optimizers. The training loop lives in :mod:`.trainer`."""
+"""Builds a sharded run of any zoo model: the process group, the model under
+DistributedModelParallel with a planned sharding, and its optimizers. The training loop lives
+in :mod:`.trainer`."""
 
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
 from shadowsync.datasets import DataSpec
-from shadowsync.models import build_dlrm
-from shadowsync.models.init import require_initializable
+from shadowsync.models.init import require_initializable, reset_dense_from_seed_
+from shadowsync.models.zoo import build_model, sparse_modules
 from shadowsync.pipelines.config import ROW_WISE_FAMILY, RunConfig
 from shadowsync.sync.wrapper import (
     DDPReplicas,
@@ -136,7 +137,9 @@ def init_distributed(timeout_s: float) -> DistEnv:
     return DistEnv(dist.get_rank(), dist.get_world_size(), local_rank, device, backend)
 
 
-def sharding_constraints(cfg: RunConfig, spec: DataSpec, device: torch.device) -> dict[str, Any]:
+def sharding_constraints(cfg: RunConfig, tables: list[str],
+                         device: torch.device) -> dict[str, Any]:
+    """The planner's constraints from ``sharding``, for every table of the model."""
     types = list(cfg.sharding.types)
     if device.type == "cpu":
         bad = [t for t in types if t in ROW_WISE_FAMILY]
@@ -148,12 +151,12 @@ def sharding_constraints(cfg: RunConfig, spec: DataSpec, device: torch.device) -
         types = types or list(CPU_SHARDING_TYPES)
     kernels = None if cfg.sharding.compute_kernel == "auto" else [cfg.sharding.compute_kernel]
     return {
-        f"t_{name}": ParameterConstraints(
+        name: ParameterConstraints(
             sharding_types=types or None,
             compute_kernels=kernels,
             min_partition=cfg.sharding.min_partition,
         )
-        for name in spec.sparse_names
+        for name in tables
     }
 
 
@@ -169,17 +172,16 @@ def _meta_model_and_planner(
     DistributedModelParallel could materialize but not initialize.
     """
     quiet_third_party_warnings()
-    model = build_dlrm(
-        cfg.model, len(spec.dense_names), spec.sparse_names, spec.num_embeddings,
-        torch.device("meta"),
-    )
+    model = build_model(cfg.model, spec, torch.device("meta"))
     require_initializable(model)
+    collections = sparse_modules(model)
     sparse = _SPARSE_OPTIMIZERS[cfg.optim.sparse]
     apply_optimizer_in_backward(
         sparse,
-        model.model.sparse_arch.embedding_bag_collection.parameters(),
+        [p for c in collections for p in c.parameters()],
         _optimizer_kwargs(sparse, cfg.optim.sparse_lr, cfg.optim.eps),
     )
+    tables = [t.name for c in collections for t in c.embedding_bag_configs()]
     if local_world_size is None:
         local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     # TorchRec's own constructors: a Topology built directly, or the planner's default
@@ -194,7 +196,7 @@ def _meta_model_and_planner(
         # the planner's default margin; the dense part (<= 8 MB in every preset) needs no
         # estimate of its own
         storage_reservation=FixedPercentageStorageReservation(0.15),
-        constraints=sharding_constraints(cfg, spec, device),
+        constraints=sharding_constraints(cfg, tables, device),
     )
     return model, planner
 
@@ -222,7 +224,8 @@ def build_sharded_model(
 
     The embedding optimizer is fused into backward. The dense part is initialized from
     ``train.seed`` alone, before ``wrapper`` gets the replicas: every rank holds the same values
-    as ``build_dlrm(..., device="cpu", seed=train.seed)``, whatever the plan and world size.
+    as ``build_model(cfg.model, spec, "cpu", seed=train.seed)``, whatever the plan and world
+    size.
     """
     torch.manual_seed(cfg.train.seed)
     model, planner = _meta_model_and_planner(cfg, spec, env.world_size, env.device)
@@ -236,7 +239,7 @@ def build_sharded_model(
         data_parallel_wrapper=wrapper,
         init_data_parallel=False,  # the wrapper takes the replicas once they are initialized
     )
-    get_unwrapped_module(dmp).model.reset_dense_parameters(cfg.train.seed)
+    reset_dense_from_seed_(get_unwrapped_module(dmp), cfg.train.seed)
     dmp.init_data_parallel()
     return dmp, plan
 

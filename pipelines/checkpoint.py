@@ -8,6 +8,9 @@ Layout of one checkpoint, under any path fsspec can reach (local, ``s3://``, ``g
         rank_00000.pt ...              per rank, torch.save: this rank's dense replica and dense
                                        optimizer state (replicas may differ between syncs), the
                                        synchronizer's state, step and data position, RNG state
+        config.yaml, data_spec.json    rank 0: the run's resolved config and the data set's
+                                       features and table sizes, so the model is rebuilt from
+                                       the checkpoint alone (``shadowsync.models.load``)
         COMPLETE                       written by rank 0 last, after every rank finished:
                                        JSON with the step, the world size and the size and
                                        SHA-256 of every other file of the checkpoint
@@ -42,6 +45,8 @@ logger = logging.getLogger(__name__)
 _STEP_DIR = re.compile(r"step_(\d{8})$")
 MARKER = "COMPLETE"
 QUARANTINE = ".corrupt"
+CONFIG = "config.yaml"
+SPEC = "data_spec.json"
 
 
 class CheckpointCorrupt(RuntimeError):
@@ -138,6 +143,7 @@ def save(
     sharded: dict[str, Any],
     local: dict[str, Any],
     keep: int | None = None,
+    texts: dict[str, str] | None = None,
 ) -> str:
     """Writes one checkpoint collectively (every rank calls this with its own state).
 
@@ -148,7 +154,10 @@ def save(
         sharded: state dicts of TorchRec modules (ShardedTensors): saved once, by shard owner.
         local: this rank's own state (tensors and plain containers), saved to its own file.
         keep: after the marker, rank 0 deletes all but the newest ``keep`` complete checkpoints
-            (and any older checkpoint folder a crash left without its marker).
+            (None: keeps all). Older folders that a crash left without their marker go either
+            way.
+        texts: files rank 0 writes beside them, by name (the run's config), covered by the
+            marker's digests like the rest.
     """
     target = step_dir(root, step)
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -164,6 +173,10 @@ def save(
         raise CheckpointWriteFailed(f"{target}: {describe(e)}") from None
     with fsspec.open(_join(target, f"rank_{rank:05d}.pt"), "wb") as f:
         torch.save(local, f)
+    if rank == 0:
+        for name, text in (texts or {}).items():
+            with fsspec.open(_join(target, name), "w") as f:
+                f.write(text)
     dist.barrier()
     names: list[Any] = [sorted(_name(e) for e in fs.ls(path, detail=False)) if rank == 0
                         else None]
@@ -195,6 +208,21 @@ def _prune(root: str, keep: int | None, newest: int) -> None:
             logger.warning("removing %s: a checkpoint write that never completed (no %s marker)",
                            entry, MARKER)
             fs.rm(entry, recursive=True)
+
+
+def resolve(path: str) -> CheckpointInfo:
+    """The complete checkpoint at ``path``, or the newest complete one under it.
+
+    Raises:
+        ValueError: there is none.
+    """
+    step = complete_step(path)
+    if step is not None:
+        return CheckpointInfo(path=path.rstrip("/"), step=step)
+    found = latest(path)
+    if found is None:
+        raise ValueError(f"{path}: no complete checkpoint there")
+    return found
 
 
 def incomplete(root: str) -> list[str]:
@@ -236,13 +264,23 @@ def verify(ckpt: CheckpointInfo) -> None:
             f"checkpoint {ckpt.path} was written by {meta['world_size']} ranks; this job has "
             f"{world}: resume with the same number of ranks"
         )
+    _verify_digests(ckpt, meta, dist.get_rank(), world)
+
+
+def verify_files(ckpt: CheckpointInfo) -> None:
+    """The whole integrity check of :func:`verify` in this one process, without a process
+    group (for reading a checkpoint outside a job); raises :class:`CheckpointCorrupt`."""
+    _verify_digests(ckpt, _marker(ckpt), 0, 1)
+
+
+def _verify_digests(ckpt: CheckpointInfo, meta: dict[str, Any], rank: int, world: int) -> None:
     files = meta.get("files")
     if files is None:
         logger.warning("%s was written without digests (by an older shadowsync): not verified",
                        ckpt.path)
         return
     fs, _ = _fs_and_path(ckpt.path)
-    for name in _share(list(files), dist.get_rank(), world):
+    for name in _share(list(files), rank, world):
         path = _join(ckpt.path, name)
         if not fs.exists(_fs_and_path(path)[1]):
             raise CheckpointCorrupt(f"{path}: missing (listed in {MARKER})")
@@ -267,7 +305,13 @@ def load(ckpt: CheckpointInfo, sharded: dict[str, Any]) -> dict[str, Any]:
         dcp.load(sharded, checkpoint_id=ckpt.path)
     except CheckpointException as e:  # a BaseException: never let it pass as a crash
         raise CheckpointCorrupt(f"{ckpt.path}: sharded state unreadable: {describe(e)}") from None
-    path = _join(ckpt.path, f"rank_{dist.get_rank():05d}.pt")
+    return read_rank_file(ckpt, dist.get_rank())
+
+
+def read_rank_file(ckpt: CheckpointInfo, rank: int) -> dict[str, Any]:
+    """The state ``rank`` saved on its own (``torch.load(..., weights_only=True)``); raises
+    :class:`CheckpointCorrupt` naming the file if it does not read."""
+    path = _join(ckpt.path, f"rank_{rank:05d}.pt")
     try:
         with fsspec.open(path, "rb") as f:
             return torch.load(f, weights_only=True)

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import yaml
 
-from shadowsync.models.config import DLRMConfig
+from shadowsync.models.config import DLRMConfig, ModelConfig
 from shadowsync.sync.config import SyncConfig, strategy_algorithms
 
 ShardingType = Literal["table_wise", "column_wise", "table_column_wise", "data_parallel",
@@ -150,7 +150,7 @@ class LoggingConfig:
 class RunConfig:
     """The whole run; ``output_dir`` receives the resolved config and the metrics."""
 
-    model: DLRMConfig = field(default_factory=DLRMConfig)
+    model: ModelConfig = field(default_factory=DLRMConfig)
     data: DataConfig = field(default_factory=DataConfig)
     sharding: ShardingConfig = field(default_factory=ShardingConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -212,6 +212,8 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise ValueError(f"{key}: expected a mapping, got {value!r}")
+        if tp is ModelConfig:  # model.name picks the options class
+            tp = ModelConfig.config_class(value, key)
         return _build(tp, value, key)
     if origin is Literal:
         if value not in typing.get_args(tp):
@@ -264,6 +266,18 @@ def _build(cls: type, raw: dict[str, Any], prefix: str) -> Any:
     return cls(**kwargs)
 
 
+def build_section(cls: type, raw: dict[str, Any], prefix: str) -> Any:
+    """Reads ``raw`` into the dataclass ``cls`` as every section of the run is read (errors name
+    ``prefix.<key>``): for option classes defined outside this tree, such as a user model's."""
+    return _build(cls, raw, prefix)
+
+
+def _renamed(section: Any, value: Any) -> bool:
+    """Whether setting ``name`` to ``value`` in ``section`` picks another model or data set,
+    whose other keys (options of the old one) no longer apply."""
+    return isinstance(section, dict) and "name" in section and section["name"] != value
+
+
 def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
     *parents, leaf = dotted.split(".")
     node = tree
@@ -272,6 +286,8 @@ def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
         if not isinstance(child, dict):
             raise ValueError(f"override {dotted}: {p} is not a section")
         node = child
+    if leaf == "name" and _renamed(node, value):
+        node.clear()
     node[leaf] = value
 
 
@@ -290,7 +306,10 @@ def resolve_preset(path: str | Path) -> Path:
 def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in top.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict) and key != "options":
+        if isinstance(value, dict) and _renamed(out.get(key), value.get("name")) \
+                and "name" in value:
+            out[key] = value  # another model or data set: the base's options do not apply
+        elif isinstance(value, dict) and isinstance(out.get(key), dict) and key != "options":
             out[key] = _merge(out[key], value)
         else:
             out[key] = value
@@ -339,10 +358,16 @@ def _warn_ignored(cfg: RunConfig, keys: list[str]) -> None:
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
     """Reads a YAML file or preset (PyYAML's safe loader; ``base: <preset>`` inherits one),
     applies ``key.sub=value`` overrides (values parsed as YAML: ``4096``, ``1e-3``, ``null``,
-    ``[a, b]``), validates the result and warns about overrides that change nothing."""
+    ``[a, b]``), validates the result and warns about overrides that change nothing.
+
+    An override of a section's ``name`` (``model.name=deepfm``) that picks another model or
+    data set drops the preset's other keys of that section, and is applied before the other
+    overrides, which then set the new one's options."""
     tree: dict[str, Any] = {} if path is None else _read_tree(path)
     keys = []
-    for item in overrides or []:
+    names_first = sorted(overrides or [], key=lambda o: o.partition("=")[0].strip()
+                         .rpartition(".")[2] != "name")
+    for item in names_first:
         key, sep, raw = item.partition("=")
         if not sep or not key:
             raise ValueError(f"override {item!r}: expected key.sub=value")
@@ -354,5 +379,22 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     return cfg
 
 
+def dump_config(cfg: RunConfig) -> str:
+    """The resolved config as YAML, which :func:`load_config` and :func:`config_from_text`
+    read back to an equal config."""
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+
+
 def save_config(cfg: RunConfig, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    Path(path).write_text(dump_config(cfg))
+
+
+def config_from_text(text: str, where: str) -> RunConfig:
+    """A resolved config's YAML (:func:`dump_config`; a checkpoint's ``config.yaml``),
+    validated; errors name ``where``."""
+    tree = _parse_yaml(text, where)
+    if not isinstance(tree, dict):
+        raise ValueError(f"{where}: the top level must be a mapping")
+    cfg = _build(RunConfig, tree, "")
+    cfg.validate()
+    return cfg

@@ -2,9 +2,11 @@
 shadowsync.pipelines.evaluate --checkpoint runs/ckpt [--config movielens_1m] [k=v ...]``.
 
 ``--checkpoint`` is a checkpoint directory (``.../step_00001200``) or a root holding several
-(the newest complete one is used). The job must have the world size that wrote it. Metrics are
-exact over all ranks' predictions; rank 0 prints them and, with ``output_dir``, writes
-``eval.json`` there.
+(the newest complete one is used). The model, data set and the rest come from the run's config
+stored in the checkpoint (``config.yaml``), with the overrides on top; ``--config`` replaces
+it (checkpoints written before it was stored need one). The job must have the world size that
+wrote it. Metrics are exact over all ranks' predictions; rank 0 prints them and, with
+``output_dir``, writes ``eval.json`` there.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import argparse
 import json
 import logging
 import sys
+from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
@@ -20,19 +23,24 @@ import torch.distributed as dist
 from shadowsync.datasets import RecDataset, build_dataset
 from shadowsync.pipelines import checkpoint
 from shadowsync.pipelines.build import DistEnv, init_distributed
-from shadowsync.pipelines.config import DEFAULT_PRESET, RunConfig, load_config
+from shadowsync.pipelines.config import RunConfig, load_config
 from shadowsync.pipelines.trainer import Trainer
 
 
-def find_checkpoint(path: str) -> checkpoint.CheckpointInfo:
-    """The checkpoint at ``path``, or the newest complete one under it; a clear error if none."""
-    step = checkpoint.complete_step(path)
-    if step is not None:
-        return checkpoint.CheckpointInfo(path=path.rstrip("/"), step=step)
-    found = checkpoint.latest(path)
-    if found is None:
-        raise ValueError(f"--checkpoint {path}: no complete checkpoint there")
-    return found
+def checkpoint_config(found: checkpoint.CheckpointInfo, config: str | None,
+                      overrides: list[str]) -> RunConfig:
+    """``config`` (a preset or YAML) if given, else the config stored in the checkpoint, with
+    ``overrides`` on top.
+
+    Raises:
+        ValueError: no ``config`` and the checkpoint holds none (an older one).
+    """
+    if config is None:
+        config = f"{found.path}/{checkpoint.CONFIG}"
+        if not Path(config).is_file():
+            raise ValueError(f"--checkpoint {found.path} holds no {checkpoint.CONFIG} (written "
+                             "by an older shadowsync, or not on a local path): pass --config")
+    return load_config(config, overrides)
 
 
 def evaluate_checkpoint(
@@ -53,13 +61,14 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m shadowsync.pipelines.evaluate", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--checkpoint", required=True, help="checkpoint directory or root")
-    parser.add_argument("--config", default=DEFAULT_PRESET, help="preset or YAML of the run")
+    parser.add_argument("--config", default=None,
+                        help="preset or YAML of the run (default: the checkpoint's own)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. eval.batch_size=8192")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, force=True)
     try:
-        cfg = load_config(args.config, args.overrides)
-        found = find_checkpoint(args.checkpoint)
+        found = checkpoint.resolve(args.checkpoint)
+        cfg = checkpoint_config(found, args.config, args.overrides)
         dataset = build_dataset(cfg.data.name, **cfg.data.options)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -3,6 +3,7 @@ checkpoints."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import logging
@@ -33,7 +34,7 @@ from shadowsync.pipelines.build import (
     build_optimizer,
     build_sharded_model,
 )
-from shadowsync.pipelines.config import RunConfig
+from shadowsync.pipelines.config import RunConfig, dump_config
 from shadowsync.pipelines.console import ConsoleLog, planned_steps
 from shadowsync.pipelines.metrics import gather_metrics
 from shadowsync.sync.wrapper import build_replica_wrapper, dense_parameters
@@ -208,6 +209,11 @@ class Trainer:
             "last_eval": self.last_eval,
         }
 
+    def _model_files(self) -> dict[str, str]:
+        """What rebuilds the model from a checkpoint alone (``shadowsync.models.load``)."""
+        return {checkpoint.CONFIG: dump_config(self.cfg),
+                checkpoint.SPEC: json.dumps(dataclasses.asdict(self.dataset.spec))}
+
     def save_checkpoint(self) -> None:
         """Collective; the synchronizer is paused with the final sync while the state is read."""
         root = self.cfg.checkpoint.dir
@@ -215,7 +221,7 @@ class Trainer:
             return
         self.wrapper.pause(consensus=True)
         path = checkpoint.save(root, self.step, self._sharded_state(), self._local_state(),
-                               keep=self.cfg.checkpoint.keep)
+                               keep=self.cfg.checkpoint.keep, texts=self._model_files())
         self.wrapper.resume()
         self.last_saved = self.step
         self._log({"step": self.step, "checkpoint": path})

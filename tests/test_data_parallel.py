@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from shadowsync.datasets import build_dataset
-from shadowsync.models import build_dlrm
+from shadowsync.models import build_model
 from shadowsync.pipelines.build import (
     build_sharded_model,
     init_distributed,
@@ -68,8 +68,7 @@ def test_data_parallel_table_gradients_match_an_unsharded_model() -> None:
     cfg = _config()
     dataset = build_dataset(cfg.data.name, **cfg.data.options)
     spec = dataset.spec
-    reference = build_dlrm(cfg.model, len(spec.dense_names), spec.sparse_names,
-                           spec.num_embeddings, torch.device("cpu"), seed=cfg.train.seed)
+    reference = build_model(cfg.model, spec, torch.device("cpu"), seed=cfg.train.seed)
     params = dict(reference.named_parameters())
     first = results[0]
     assert first["plan"] == {"data_parallel"}

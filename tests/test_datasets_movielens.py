@@ -12,7 +12,7 @@ import torch
 
 from shadowsync.datasets import MovieLens1M, build_dataset
 from shadowsync.datasets.movielens import NUM_RATINGS, locate_ml1m
-from shadowsync.models import DLRMConfig, build_dlrm
+from shadowsync.models import DLRMConfig, build_model
 
 
 @pytest.fixture(scope="module")
@@ -131,13 +131,7 @@ def test_a_dlrm_beats_the_base_rate(ml: MovieLens1M, one_thread: None) -> None:
     cfg = DLRMConfig(
         embedding_dim=16, dense_arch_layer_sizes=[32, 16], over_arch_layer_sizes=[64, 32, 1]
     )
-    model = build_dlrm(
-        cfg,
-        len(ml.spec.dense_names),
-        ml.spec.sparse_names,
-        ml.spec.num_embeddings,
-        torch.device("cpu"),
-    )
+    model = build_model(cfg, ml.spec, torch.device("cpu"))
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     for batch in ml.train_batches(1024, 0, 1):
         loss, _ = model(batch)

@@ -151,10 +151,12 @@ def test_train_needs_a_gpu_per_rank() -> None:
 def test_evaluate_appdef() -> None:
     (role,) = evaluate("eval.batch_size=8192", checkpoint="/ckpt/step 100", j="1x4",
                        check="config").roles
-    assert _program(shlex.split(role.args[1])) == [
+    assert _program(shlex.split(role.args[1])) == [  # the checkpoint's own config
         "-m", "shadowsync.pipelines.evaluate", "--checkpoint", "/ckpt/step 100",
-        "--config", "movielens_1m", "eval.batch_size=8192",
+        "eval.batch_size=8192",
     ]
+    (role,) = evaluate(checkpoint="/ckpt", config="movielens_1m", check="config").roles
+    assert _program(shlex.split(role.args[1]))[-2:] == ["--config", "movielens_1m"]
 
 
 @pytest.mark.parametrize(("component", "kwargs"), [

@@ -112,7 +112,7 @@ def test_row_wise_is_refused_on_cpu_with_the_setting_named() -> None:
     cfg = load_config("synthetic", ["sharding.types=[row_wise]"])
     spec = build_dataset("synthetic").spec
     with pytest.raises(ValueError, match="sharding.types"):
-        sharding_constraints(cfg, spec, torch.device("cpu"))
+        sharding_constraints(cfg, [f"t_{n}" for n in spec.sparse_names], torch.device("cpu"))
 
 
 def test_shadowsync_in_the_trainer_syncs_while_training_and_ends_identical(

@@ -7,6 +7,7 @@ imports only and its helpers carry a ``_shadowsync`` prefix. Signatures use ``ty
 """
 
 import logging
+import os
 import sys
 from typing import Dict, List, Optional
 
@@ -163,7 +164,7 @@ def train(
 def evaluate(
     *overrides: str,
     checkpoint: str,
-    config: str = DEFAULT_PRESET,
+    config: Optional[str] = None,
     j: str = "1x2",
     cpu: int = 4,
     gpu: int = 0,
@@ -177,16 +178,17 @@ def evaluate(
 ) -> specs.AppDef:
     """Evaluates a checkpoint with ``python -m shadowsync.pipelines.evaluate`` under torchrun.
 
-    For instance ``torchx run torchx_components/train.py:evaluate --checkpoint runs/ckpt
-    --config movielens_1m``: every rank restores its shard of the checkpoint (the newest
-    complete one under a root) and rank 0 prints exact AUC, NE and calibration over the eval
-    split. Run it with the world size (``-j``) and the config of the run that wrote it. The
-    config is checked before submitting, as for ``train``.
+    For instance ``torchx run torchx_components/train.py:evaluate --checkpoint runs/ckpt``:
+    every rank restores its shard of the checkpoint (the newest complete one under a root) and
+    rank 0 prints exact AUC, NE and calibration over the eval split. The model and data come
+    from the run's config stored in the checkpoint; run it with the world size (``-j``) of the
+    run that wrote it. The config is checked before submitting, as for ``train``, when the
+    checkpoint (or ``config``) is readable here.
 
     Args:
         overrides: dotted config overrides (``key.sub=value``), each one argument
         checkpoint: a checkpoint directory, or a root holding several, visible to every node
-        config: the run's preset name in pipelines/configs or a YAML path in the image
+        config: a preset name or YAML path in the image replacing the checkpoint's own config
         j: {nnodes}x{nproc_per_node}; on GPU hosts nproc_per_node must not exceed gpu
         cpu: cpus per node (replica)
         gpu: gpus per node (replica)
@@ -198,10 +200,12 @@ def evaluate(
         mounts: scheduler mounts, e.g. type=volume,src=PVC,dst=/mnt/shared for Kubernetes
         check: ``all``, ``config`` or ``none``, as for ``train``
     """
-    _shadowsync_check(check, config, list(overrides), j, gpu)
+    stored = f"{checkpoint.rstrip('/')}/config.yaml"  # a step folder's, if it is one
+    if config is not None or os.path.isfile(stored):
+        _shadowsync_check(check, config or stored, list(overrides), j, gpu)
     return _shadowsync_ddp(
         "shadowsync.pipelines.evaluate",
-        ["--checkpoint", checkpoint, "--config", config, *overrides],
+        ["--checkpoint", checkpoint, *(["--config", config] if config else []), *overrides],
         j=j,
         cpu=cpu,
         gpu=gpu,
