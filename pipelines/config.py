@@ -306,8 +306,7 @@ def resolve_preset(path: str | Path) -> Path:
 def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in top.items():
-        if isinstance(value, dict) and _renamed(out.get(key), value.get("name")) \
-                and "name" in value:
+        if isinstance(value, dict) and "name" in value and _renamed(out.get(key), value["name"]):
             out[key] = value  # another model or data set: the base's options do not apply
         elif isinstance(value, dict) and isinstance(out.get(key), dict) and key != "options":
             out[key] = _merge(out[key], value)

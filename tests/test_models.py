@@ -42,10 +42,11 @@ from shadowsync.models.wide_deep import WIDE_DIM
 from shadowsync.models.zoo import sparse_modules
 from shadowsync.pipelines import build, checkpoint
 from shadowsync.pipelines.config import load_config
-from shadowsync.pipelines.evaluate import evaluate_checkpoint
+from shadowsync.pipelines.evaluate import checkpoint_config, evaluate_checkpoint
 from shadowsync.pipelines.metrics import gather_metrics
 from shadowsync.pipelines.train import Trainer, init_distributed
 from shadowsync.sync.wrapper import dense_parameters
+from shadowsync.torchx_components.train import evaluate as evaluate_component
 from tests._dist import run_ranks
 from tests.test_train import SMALL
 
@@ -64,8 +65,9 @@ MODELS: dict[str, list[str]] = {
             "model.deep_layer_sizes=[64, 32]"],
     "autoint": ["model.name=autoint", "model.attention_dim=8",
                 "model.over_arch_layer_sizes=[32, 1]"],
-    "user": ["model.name=tests.user_model:build", "model.options.hidden=32"],
+    "user": [],  # all in its preset, USER_PRESET
 }
+USER_PRESET = str(Path(__file__).with_name("user_model.yaml"))
 _DENSE_SIZES = ["model.dense_arch_layer_sizes=[32, 8]"]
 for _name in ("dlrm", "dlrm_dcn", "dlrm_projection", "autoint"):
     MODELS[_name] += _DENSE_SIZES
@@ -74,6 +76,8 @@ for _name in ("dlrm", "dlrm_dcn", "dlrm_projection"):
 
 
 def _config(model: str, *extra: str) -> Any:
+    if model == "user":
+        return load_config(USER_PRESET, [*DATA, *extra])
     return load_config("synthetic", [*DATA, "model.embedding_dim=8", *MODELS[model], *extra])
 
 
@@ -117,7 +121,9 @@ def test_options_are_checked_naming_the_key() -> None:
         load_config("synthetic", ["model.name=dlrm_projection",
                                   "model.interaction_branch1_layer_sizes=[32, 20]"])
     with pytest.raises(ValueError, match="model.options.hiden; known under model.options"):
-        load_config("synthetic", MODELS["user"] + ["model.options.hiden=3"])
+        load_config(USER_PRESET, ["model.options.hiden=3"])
+    with pytest.raises(ValueError, match="model.options.hidden: expected int"):
+        load_config(USER_PRESET, ["model.options.hidden=wide"])
     with pytest.raises(ValueError, match="model.name: cannot import 'tests.user_model:nope'"):
         load_config("synthetic", ["model.name=tests.user_model:nope"])
     # another model in a preset on top of a base starts its section afresh
@@ -347,6 +353,8 @@ def test_load_gives_the_evaluate_clis_scores_on_one_process(
     loaded, cfg = load(f"{root}/{model}")
     assert cfg == _config(model, "train.steps=100", "train.seed=3",
                           f"checkpoint.dir={root}/{model}")
+    # what the evaluate CLI and component run without --config
+    assert checkpoint_config(checkpoint.resolve(f"{root}/{model}"), None, []) == cfg
     dataset = build_dataset(cfg.data.name, **cfg.data.options)
     logits, labels = [], []
     with torch.no_grad():
@@ -377,6 +385,14 @@ def test_load_refuses_weights_another_config_builds(
     (copy / checkpoint.MARKER).write_text(json.dumps(marker))
     with pytest.raises(ModelMismatch, match=r"model.name=dcn.*shapes: .*crossnet\.W_kernels"):
         load(str(copy))
+    # the torchx evaluate component checks the stored config before submitting
+    with pytest.raises(ValueError) as caught:
+        evaluate_component("train.bach_size=1", checkpoint=str(copy), check="config")
+    assert caught.value.code == 2  # type: ignore[attr-defined]
     config.write_text(config.read_text() + "\n")  # digests now disagree: refused as corrupt
     with pytest.raises(checkpoint.CheckpointCorrupt, match="config.yaml: truncated or extended"):
         load(str(copy))
+    config.unlink()  # an older checkpoint: nothing to build from, said so
+    found = checkpoint.CheckpointInfo(str(copy), found.step)
+    with pytest.raises(ValueError, match="holds no config.yaml .* pass --config"):
+        checkpoint_config(found, None, [])
