@@ -11,6 +11,7 @@ loop talks to all of them through the same small hooks (``after_step``, ``finish
 from __future__ import annotations
 
 import dataclasses
+import enum
 import logging
 import math
 from datetime import timedelta
@@ -199,6 +200,17 @@ def build_replica_wrapper(cfg: SyncConfig) -> LocalReplicas | DDPReplicas:
     return wrapper
 
 
+class Phase(enum.Enum):
+    """Where a :class:`ShadowSyncReplicas` is in its lifecycle (see its transition table)."""
+
+    UNWRAPPED = "unwrapped"  # built; DistributedModelParallel has not wrapped it yet
+    RUNNING = "running"  # the runner synchronizes (in the background or every period steps)
+    FAILED = "failed"  # the runner failed on this rank; the ranks have not agreed yet
+    DEGRADED = "degraded"  # no runner: every rank trains its own replica until the rejoin
+    PAUSED = "paused"  # the runner is stopped (an evaluation or checkpoint reads the model)
+    FINISHED = "finished"  # stopped for good, with the final consensus
+
+
 class ShadowSyncReplicas(LocalReplicas):
     """Local replicas kept close by a :class:`~shadowsync.sync.runner.SyncRunner`.
 
@@ -214,7 +226,29 @@ class ShadowSyncReplicas(LocalReplicas):
     later, or at the next :meth:`pause` if sooner, the ranks average their replicas on a fresh
     group and start a fresh runner (strategy state such as BMUF momentum starts over). A
     failure while pausing (the stop round or the final consensus) always raises: the ranks
-    may disagree on whether that round happened.
+    may disagree on whether that round happened. A NaN/inf replica always raises.
+
+    Lifecycle (:class:`Phase`); a call not listed for a phase raises ``RuntimeError``:
+
+    ==========  ==================================  ==========================================
+    phase       call                                next phase
+    ==========  ==================================  ==========================================
+    UNWRAPPED   ``wrap`` (DMP)                      RUNNING
+    RUNNING     ``after_step``                      RUNNING; FAILED on a SyncError (degrade)
+    RUNNING     ``degrade`` (a peer failed)         DEGRADED (runner abandoned)
+    RUNNING     ``pause``                           PAUSED (runner stopped, consensus if asked)
+    RUNNING     ``finish``                          FINISHED (stopped with consensus)
+    FAILED      ``after_step``                      FAILED (the local replica trains on)
+    FAILED      ``degrade``                         DEGRADED (runner abandoned)
+    FAILED      ``pause`` / ``finish``              raises the runner's SyncError
+    DEGRADED    ``after_step``                      DEGRADED; RUNNING at the rejoin step
+    DEGRADED    ``degrade``                         DEGRADED (the rejoin step moves on)
+    DEGRADED    ``pause`` / ``finish``              rejoin, then PAUSED / FINISHED
+    PAUSED      ``pause``                           PAUSED
+    PAUSED      ``resume``                          RUNNING (runner restarted)
+    PAUSED      ``finish``                          FINISHED
+    FINISHED    ``pause`` / ``resume`` / ``finish``  FINISHED
+    ==========  ==================================  ==========================================
 
     Example::
 
@@ -230,13 +264,11 @@ class ShadowSyncReplicas(LocalReplicas):
         super().__init__()
         self.cfg = cfg
         self.runner: SyncRunner | None = None
+        self.phase = Phase.UNWRAPPED
         self._backend = "gloo"
-        self._running = False
-        self._finished = False
-        self._steps_since_consensus = 0
         self._steps = 0
-        self._failed = False  # this rank's runner failed; the ranks have not agreed yet
-        self._rejoin_at: int | None = None
+        self._steps_since_consensus = 0
+        self._rejoin_at = 0  # the step of the rejoin, in DEGRADED
         self._failures = 0
 
     @classmethod
@@ -244,7 +276,13 @@ class ShadowSyncReplicas(LocalReplicas):
         make_strategy(cfg)  # fail on a bad setting before any collective
         return cls(cfg)
 
+    def _expect(self, call: str, *phases: Phase) -> None:
+        if self.phase not in phases:
+            raise RuntimeError(f"ShadowSyncReplicas.{call}() in phase {self.phase.name} "
+                               f"(allowed in {[p.name for p in phases]})")
+
     def wrap(self, dmp: DistributedModelParallel, env: ShardingEnv, device: torch.device) -> None:
+        self._expect("wrap", Phase.UNWRAPPED)
         super().wrap(dmp, env, device)
         self._backend = self.cfg.backend if device.type == "cuda" else "gloo"
         self._start_runner(self._new_group())
@@ -271,7 +309,7 @@ class ShadowSyncReplicas(LocalReplicas):
                 deadline_s=cfg.timeout_s,
             )
         self.runner.start()
-        self._running = True
+        self.phase = Phase.RUNNING
 
     def _runner(self) -> SyncRunner:
         if self.runner is None:
@@ -279,13 +317,14 @@ class ShadowSyncReplicas(LocalReplicas):
         return self.runner
 
     def after_step(self) -> None:
+        self._expect("after_step", Phase.RUNNING, Phase.FAILED, Phase.DEGRADED)
         self._steps += 1
         self._steps_since_consensus += 1
-        if self._rejoin_at is not None:
+        if self.phase is Phase.DEGRADED:
             if self._steps >= self._rejoin_at:
                 self._rejoin()
             return
-        if self._failed:
+        if self.phase is Phase.FAILED:
             return
         try:
             self._runner().step()
@@ -294,16 +333,18 @@ class ShadowSyncReplicas(LocalReplicas):
             # around it would average it into every replica at the rejoin.
             if self.cfg.on_failure == "raise" or isinstance(e, NonFiniteError):
                 raise
-            self._failed = True
+            self.phase = Phase.FAILED
             logger.warning("%s; training the local replica (sync.on_failure=degrade)", e)
 
     def failed(self) -> bool:
-        return self._failed and self._rejoin_at is None
+        return self.phase is Phase.FAILED
 
     def degrade(self, ranks: list[int]) -> None:
-        self._runner().abandon()
-        self._running = False
-        self._failures += 1
+        self._expect("degrade", Phase.RUNNING, Phase.FAILED, Phase.DEGRADED)
+        if self.phase is not Phase.DEGRADED:
+            self._runner().abandon()
+            self._failures += 1
+        self.phase = Phase.DEGRADED
         self._rejoin_at = self._steps + self.cfg.rejoin_after_steps
         if self.group is None or dist.get_rank(self.group) == 0:
             logger.warning(
@@ -315,33 +356,34 @@ class ShadowSyncReplicas(LocalReplicas):
         """Collective: average the replicas over a fresh group and start a fresh runner."""
         group = self._new_group()
         average_(list(self.params.values()), group)
-        self._failed = False
-        self._rejoin_at = None
         self._steps_since_consensus = 0
         self._start_runner(group)
         logger.info("rank %d: synchronization rejoined on a fresh group with averaged replicas",
                     dist.get_rank())
 
     def pause(self, consensus: bool) -> None:
-        if self._rejoin_at is not None:
+        if self.phase is Phase.DEGRADED:
             self._rejoin()
+        if self.phase not in (Phase.RUNNING, Phase.FAILED):
+            self._runner()  # raises before DMP wrapped it; else already still
+            return
         # A consensus right after another (say a checkpoint at the last step, then finish())
         # would be a second strategy round on identical replicas; BMUF's would still move them.
         consensus = consensus and self.cfg.final_sync and self._steps_since_consensus > 0
-        if self._running:
-            self._runner().stop(final_sync=consensus)
-            self._running = False
-            if consensus:
-                self._steps_since_consensus = 0
+        self._runner().stop(final_sync=consensus)
+        self.phase = Phase.PAUSED
+        if consensus:
+            self._steps_since_consensus = 0
 
     def resume(self) -> None:
-        if not self._running and not self._finished:
+        self._expect("resume", Phase.PAUSED, Phase.FINISHED)
+        if self.phase is Phase.PAUSED:
             self._runner().start()
-            self._running = True
+            self.phase = Phase.RUNNING
 
     def finish(self) -> None:
         self.pause(consensus=True)
-        self._finished = True
+        self.phase = Phase.FINISHED
 
     def stats(self) -> dict[str, float]:
         """The runner's telemetry; a statistic not defined yet (NaN: no sync so far, no
