@@ -300,7 +300,21 @@ def _train_every_model(rank: int, world_size: int, root: str) -> dict[str, Any]:
         found = checkpoint.resolve(f"{root}/{model}")
         evaluated = evaluate_checkpoint(cfg, found, env, dataset)  # the evaluate CLI's path
         out[model] = {"start": start, "end": end, "summary": summary, "evaluated": evaluated}
+    for model, sync in OTHER_SYNCS.items():
+        cfg = _config(model, "train.steps=100", "train.seed=3", *sync)
+        trainer = Trainer(cfg, env, build_dataset(cfg.data.name, **cfg.data.options))
+        summary = trainer.train()
+        end = {n: p.detach().clone() for n, p in dense_parameters(trainer.dmp).items()}
+        out[f"{model} {sync[0]}"] = {"end": end, "summary": summary}
     return out
+
+
+# The other dense synchronizers, each on a model other than DLRM.
+OTHER_SYNCS = {
+    "deepfm": ["sync.algorithm=ddp"],
+    "wide_deep": ["sync.algorithm=bmuf", "sync.mode=fixed_rate", "sync.period=5"],
+    "user": ["sync.algorithm=easgd", "sync.mode=shadow"],
+}
 
 
 @pytest.fixture(scope="module")
@@ -340,6 +354,23 @@ def test_every_model_is_initialized_through_sharding_and_learns_with_shadow_sync
     # Not vacuous: the seed matters.
     other = build_model(cfg.model, spec, torch.device("cpu"), seed=4)
     assert not torch.equal(dict(other.named_parameters())[name], reference[name])
+
+
+def test_every_dense_synchronizer_keeps_zoo_models_in_step(
+    trained: tuple[Path, list[dict[str, Any]]],
+) -> None:
+    """DDP, fixed-rate BMUF and shadow EASGD on DeepFM, Wide & Deep and the user's model:
+    the replicas end identical (the final sync) and the model learns."""
+    _, results = trained
+    for model, sync in OTHER_SYNCS.items():
+        run = f"{model} {sync[0]}"
+        ends = [r[run]["end"] for r in results]
+        assert ends[0].keys() == ends[1].keys() and ends[0], run
+        for name in ends[0]:
+            assert torch.equal(ends[0][name], ends[1][name]), (run, name)
+        for rank, result in enumerate(results):
+            summary = result[run]["summary"]
+            assert summary["eval_ne"] < 0.95 and summary["eval_auc"] > 0.65, (run, rank, summary)
 
 
 @pytest.mark.parametrize("model", list(MODELS))
