@@ -54,6 +54,11 @@ class CheckpointCorrupt(RuntimeError):
     (the message names the file)."""
 
 
+class CheckpointUnreadable(RuntimeError):
+    """A complete checkpoint did not verify or load on some rank; raised on every rank (the
+    message names each failing rank's file and reason)."""
+
+
 class CheckpointWriteFailed(RuntimeError):
     """Writing a checkpoint failed on some rank (disk full, permissions...); names the rank."""
 

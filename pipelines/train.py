@@ -66,11 +66,11 @@ def run(cfg: RunConfig, dataset: RecDataset) -> dict[str, Any]:
         if cfg.output_dir:
             Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
             save_config(cfg, Path(cfg.output_dir) / "config.yaml")
-    trainer = Trainer(cfg, env, dataset)
-    if env.rank == 0:
-        logger.info("sharding plan:\n%s", trainer.plan)
-    trainer.maybe_resume()
-    summary = trainer.train()
+    with Trainer(cfg, env, dataset) as trainer:
+        if env.rank == 0:
+            logger.info("sharding plan:\n%s", trainer.plan)
+        trainer.maybe_resume()
+        summary = trainer.train()
     faults.Heartbeat.stop()
     if env.rank == 0:
         where = locations(cfg.output_dir, trainer.history, summary["step"])

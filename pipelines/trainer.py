@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torchrec.datasets.utils import Batch
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 from torchrec.metrics.metric_module import RecMetricModule, generate_metric_module
@@ -40,10 +41,6 @@ from shadowsync.pipelines.metrics import gather_metrics
 from shadowsync.sync.wrapper import build_replica_wrapper, dense_parameters
 
 logger = logging.getLogger("shadowsync.train")
-
-
-class CheckpointUnreadable(RuntimeError):
-    """A complete checkpoint could not be read on some rank (the message names the ranks)."""
 
 
 _TASK = RecTaskInfo(name="ctr", label_name="label", prediction_name="prediction",
@@ -124,6 +121,20 @@ class Trainer:
         self.out_dir = Path(cfg.output_dir) if cfg.output_dir else None
         if self.out_dir is not None and env.rank == 0:
             self.out_dir.mkdir(parents=True, exist_ok=True)
+
+    def close(self) -> None:
+        """Destroys the process groups this trainer made (the synchronizer's and the control
+        group); every rank, after :meth:`train` returned. After a failure, leave them: a
+        destroy could wait on a peer that is gone (the process exits instead)."""
+        self.wrapper.close()
+        dist.destroy_process_group(self.control.group)
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
 
     # ------------------------------------------------------------------ records
     def _log(self, record: dict[str, Any]) -> None:
@@ -206,6 +217,8 @@ class Trainer:
             "optimizers": optimizers,
             "sync": self.wrapper.state_dict(),
             "rng": torch.get_rng_state(),
+            **({"cuda_rng": torch.cuda.get_rng_state(self.env.device)}
+               if self.env.device.type == "cuda" else {}),
             "last_eval": self.last_eval,
         }
 
@@ -249,34 +262,34 @@ class Trainer:
             try:
                 self.restore(found)
                 return True
-            except CheckpointUnreadable as e:
+            except checkpoint.CheckpointUnreadable as e:
                 if self.env.rank == 0:
                     aside = checkpoint.quarantine(found)
                     logger.warning("%s; %s; trying an older checkpoint", e,
                                    f"renamed to {aside}" if aside else "left in place")
             found = checkpoint.latest(root, before=found.step)
         if newest is not None:
-            raise CheckpointUnreadable(f"no complete checkpoint in {root} loads on every rank "
-                                       f"(newest: {newest.path})")
+            raise checkpoint.CheckpointUnreadable(
+                f"no complete checkpoint in {root} loads on every rank (newest: {newest.path})")
         return False
 
     def _agree_readable(self, found: checkpoint.CheckpointInfo,
                         error: Exception | None) -> None:
-        """Collective: raises :class:`CheckpointUnreadable` on every rank, naming each failing
-        rank's file and reason, if any rank failed to verify or read its part."""
+        """Collective: raises :class:`~.checkpoint.CheckpointUnreadable` on every rank, naming
+        each failing rank's file and reason, if any rank failed to verify or read its part."""
         failed = self.control.failures(error, checkpoint.describe)
         if failed:
-            raise CheckpointUnreadable(f"checkpoint {found.path} does not load: "
-                                       + "; ".join(failed)) from error
+            raise checkpoint.CheckpointUnreadable(
+                f"checkpoint {found.path} does not load: " + "; ".join(failed)) from error
 
     def restore(self, found: checkpoint.CheckpointInfo) -> None:
         """Loads a checkpoint into this trainer: model, optimizers, synchronizer, position.
 
         Every rank first verifies its share of the checkpoint's digests; any failure there
-        raises :class:`CheckpointUnreadable` on every rank before anything is read. A file
-        that still fails to read raises it too, before any state but the embedding tables
-        changed. Raises :class:`~.checkpoint.CheckpointMismatch` at once (no fallback: older
-        ones are no different) for a checkpoint of another world size.
+        raises :class:`~.checkpoint.CheckpointUnreadable` on every rank before anything is
+        read. A file that still fails to read raises it too, before any state but the
+        embedding tables changed. Raises :class:`~.checkpoint.CheckpointMismatch` at once (no
+        fallback: older ones are no different) for a checkpoint of another world size.
         """
         self.wrapper.pause(consensus=False)
         error: Exception | None = None
@@ -303,6 +316,8 @@ class Trainer:
                 opt.load_state_dict(local["optimizers"][name])
         self.wrapper.load_state_dict(local["sync"])
         torch.set_rng_state(local["rng"])
+        if "cuda_rng" in local and self.env.device.type == "cuda":
+            torch.cuda.set_rng_state(local["cuda_rng"], self.env.device)
         self.step, self.epoch = int(local["step"]), int(local["epoch"])
         self.epoch_step = int(local["epoch_step"])
         self.last_saved = self.step

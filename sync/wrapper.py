@@ -110,6 +110,9 @@ class ReplicaHooks:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         del state
 
+    def close(self) -> None:
+        """Destroys the process groups this wrapper made (after :meth:`finish`, every rank)."""
+
     @classmethod
     def from_config(cls, cfg: SyncConfig) -> ReplicaHooks:
         """The wrapper for ``cfg`` (a baseline reads none of it)."""
@@ -248,6 +251,7 @@ class ShadowSyncReplicas(LocalReplicas):
     PAUSED      ``resume``                          RUNNING (runner restarted)
     PAUSED      ``finish``                          FINISHED
     FINISHED    ``pause`` / ``resume`` / ``finish``  FINISHED
+    FINISHED    ``close``                           FINISHED (its groups destroyed)
     ==========  ==================================  ==========================================
 
     Example::
@@ -270,6 +274,7 @@ class ShadowSyncReplicas(LocalReplicas):
         self._steps_since_consensus = 0
         self._rejoin_at = 0  # the step of the rejoin, in DEGRADED
         self._failures = 0
+        self._groups: list[dist.ProcessGroup] = []
 
     @classmethod
     def from_config(cls, cfg: SyncConfig) -> ShadowSyncReplicas:
@@ -288,7 +293,17 @@ class ShadowSyncReplicas(LocalReplicas):
         self._start_runner(self._new_group())
 
     def _new_group(self) -> dist.ProcessGroup:
-        return new_sync_group(self._backend, timedelta(seconds=self.cfg.timeout_s))
+        group = new_sync_group(self._backend, timedelta(seconds=self.cfg.timeout_s))
+        self._groups.append(group)
+        return group
+
+    def close(self) -> None:
+        """Destroys every sync group made (the first, and one per rejoin); after :meth:`finish`
+        on every rank: the runner is stopped, so none of them is in use."""
+        self._expect("close", Phase.FINISHED, Phase.UNWRAPPED)
+        for group in self._groups:
+            dist.destroy_process_group(group)
+        self._groups.clear()
 
     def _start_runner(self, group: dist.ProcessGroup) -> None:
         cfg = self.cfg

@@ -26,7 +26,6 @@ from shadowsync.pipelines import checkpoint
 from shadowsync.pipelines.config import load_config
 from shadowsync.pipelines.evaluate import evaluate_checkpoint
 from shadowsync.pipelines.train import Trainer, init_distributed
-from shadowsync.pipelines.trainer import CheckpointUnreadable
 from shadowsync.sync.wrapper import dense_parameters
 from tests._dist import run_ranks
 from tests.test_train import SMALL
@@ -114,6 +113,14 @@ def _assert_equal(a: Any, b: Any, what: str) -> None:
         assert a == b, (what, a, b)
 
 
+def _destroyed(group: dist.ProcessGroup) -> bool:
+    try:
+        dist.get_rank(group)
+    except (RuntimeError, ValueError):
+        return True
+    return False
+
+
 def _shadow_resume(rank: int, world_size: int, root: str) -> dict[str, Any]:
     env = init_distributed(60)
     common = SMALL + ["sync.algorithm=bmuf", "sync.mode=shadow", "checkpoint.every_steps=24",
@@ -145,8 +152,11 @@ def _shadow_resume(rank: int, world_size: int, root: str) -> dict[str, Any]:
     optimizers = copy.deepcopy({name: opt.state_dict() for name, opt
                                 in resumed.optimizer.optimizers if name != "sparse"})
     rng = torch.get_rng_state()
-    summary = resumed.train()
-    return {"saved": saved, "at_resume": at_resume, "position": position, "rng": rng,
+    with resumed:  # closes: the groups it made are destroyed
+        summary = resumed.train()
+        groups = [resumed.control.group, *resumed.wrapper._groups]  # type: ignore[union-attr]
+    return {"closed": [_destroyed(g) for g in groups], "saved": saved, "at_resume": at_resume,
+            "position": position, "rng": rng,
             "sync": restored["sync"], "optimizers": optimizers, "summary": summary,
             "next_batch": (next_batch.dense_features, next_batch.labels),
             "expected_batch": (expected_batch.dense_features, expected_batch.labels),
@@ -180,6 +190,7 @@ def test_shadow_resume_restores_the_checkpoint_exactly(tmp_path: Path) -> None:
         _assert_equal(r["sync"], local["sync"], f"rank {rank}: synchronizer state")
         _assert_equal(r["optimizers"], local["optimizers"], f"rank {rank}: dense optimizer")
         _assert_equal(r["rng"], local["rng"], f"rank {rank}: RNG")
+        assert r["closed"] == [True, True], r["closed"]  # control and sync groups destroyed
         summary = r["summary"]
         assert summary["step"] == 48 and summary["sync_steps"] == 48, summary
         assert summary["sync_rounds"] >= local["sync"]["counters"]["rounds"], summary
@@ -298,7 +309,7 @@ def _corruption_matrix(rank: int, world_size: int, root: str) -> dict[str, Any]:
     try:
         trainer.maybe_resume()
         outcomes["both"] = "resumed"
-    except CheckpointUnreadable as e:
+    except checkpoint.CheckpointUnreadable as e:
         outcomes["both"] = str(e)
     return outcomes
 

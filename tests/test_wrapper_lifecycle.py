@@ -85,6 +85,12 @@ def _lifecycle(rank: int, world_size: int) -> list[str]:
     w.finish()
     mark(w, "after finish")
     assert w.stats()["failures"] == 2.0, w.stats()
+    groups = list(w._groups)
+    assert len(groups) == 3  # the first, and one per rejoin
+    w.close()
+    for group in groups:  # destroyed: no longer a group this process knows
+        with pytest.raises((RuntimeError, ValueError)):
+            dist.get_rank(group)
 
     w = _wrapped("shadow")
     w.after_step()
