@@ -20,6 +20,7 @@ import json
 import os
 from collections import Counter
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from torchrec.datasets.utils import Batch
@@ -83,15 +84,16 @@ class CriteoNpy(WindowedDataset):
         if not os.path.isdir(directory):
             raise FileNotFoundError(f"data.options.directory: {directory}: no such directory")
         meta_path = os.path.join(directory, META_FILE)
-        stored = None
+        stored: int | list[int] | None = None
         if os.path.exists(meta_path):
             with open(meta_path) as f:
                 stored = json.load(f)["num_embeddings"]
-        if num_embeddings is None and stored is None:
+        sizes = stored if num_embeddings is None else num_embeddings
+        if sizes is None:
             raise ValueError(
                 f"data.options.num_embeddings is needed: {directory} has no {META_FILE}"
             )
-        self.spec = criteo_spec(stored if num_embeddings is None else num_embeddings)
+        self.spec = criteo_spec(sizes)
         if stored is not None and self.spec.num_embeddings != criteo_spec(stored).num_embeddings:
             raise ValueError(
                 f"data.options.num_embeddings contradicts {meta_path} (ids were reduced modulo "
@@ -179,5 +181,5 @@ def _segments(
 
 
 @register_dataset("criteo_npy")
-def _criteo_npy(**options: object) -> CriteoNpy:
-    return CriteoNpy(**options)  # type: ignore[arg-type]
+def _criteo_npy(**options: Any) -> CriteoNpy:
+    return CriteoNpy(**options)

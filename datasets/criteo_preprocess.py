@@ -19,6 +19,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -110,7 +111,7 @@ def preprocess(
     num_embeddings: int | list[int],
     on_bad_row: OnBadRow = "raise",
     block_size: int = DEFAULT_BLOCK_SIZE,
-) -> dict[str, object]:
+) -> dict[str, Any]:
     """Converts ``paths`` (natural order) and writes ``meta.json``; returns its content."""
     sizes = criteo_spec(num_embeddings).num_embeddings
     os.makedirs(out_dir, exist_ok=True)
@@ -154,7 +155,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
     except (OSError, ValueError) as e:  # bad input: say what and where, without a traceback
         parser.exit(1, f"criteo_preprocess: error: {e}\n")
-    for day, info in meta["days"].items():  # type: ignore[union-attr]
+    for day, info in meta["days"].items():
         print(f"{day}: {info['rows']} rows, {info['bad_rows']} bad rows skipped")
 
 

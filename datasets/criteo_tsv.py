@@ -44,7 +44,7 @@ import zlib
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import IO, Literal
+from typing import IO, Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -191,7 +191,7 @@ COLUMN_RULES: dict[str, Rule] = {
     **dict.fromkeys(DEFAULT_INT_NAMES, dense_rule),
     **dict.fromkeys(DEFAULT_CAT_NAMES, id_rule),
 }
-_EXPECTED = {
+_EXPECTED: dict[Callable[..., Any], str] = {
     label_rule: "must be 0 or 1",
     dense_rule: "must be empty or a decimal integer "
     f"(optional '-', then 1 to {MAX_DENSE_DIGITS} digits)",
@@ -320,7 +320,7 @@ def open_binary(path: str) -> Iterator[IO[bytes]]:
             yield raw
             return
         with gzip.GzipFile(fileobj=raw) as unzipped:
-            yield unzipped  # type: ignore[misc]
+            yield unzipped  # type: ignore[misc]  # GzipFile is a binary IO; typeshed says IO[bytes] only via BufferedIOBase
 
 
 def _read(f: IO[bytes], size: int, path: str, line: int) -> bytes:
@@ -570,7 +570,7 @@ class _RowPool:
 
     def draw(self, n: int, rng: np.random.Generator, end_line: int) -> ParsedRows:
         picked = rng.choice(self.size, size=n, replace=False)
-        out = [a[picked] for a in self.arrays]
+        dense, raw_ids, labels, lines = (a[picked] for a in self.arrays)
         tail = self.size - n
         movers = np.ones(n, dtype=bool)
         movers[picked[picked >= tail] - tail] = False
@@ -578,7 +578,7 @@ class _RowPool:
         for a in self.arrays:
             a[holes] = a[tail + np.flatnonzero(movers)]
         self.size = tail
-        return ParsedRows(*out, end_line=end_line, bad_rows=0)
+        return ParsedRows(dense, raw_ids, labels, lines, end_line=end_line, bad_rows=0)
 
 
 def shuffle_rows(
@@ -803,5 +803,5 @@ def criteo_spec(num_embeddings: int | list[int]) -> DataSpec:
 
 
 @register_dataset("criteo_tsv")
-def _criteo_tsv(**options: object) -> CriteoTSV:
-    return CriteoTSV(**options)  # type: ignore[arg-type]
+def _criteo_tsv(**options: Any) -> CriteoTSV:
+    return CriteoTSV(**options)

@@ -27,6 +27,7 @@ import importlib.util
 import os
 from collections import Counter
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -219,5 +220,5 @@ class MovieLens1M(WindowedDataset):
 
 
 @register_dataset("movielens_1m")
-def _movielens_1m(**options: object) -> MovieLens1M:
-    return MovieLens1M(**options)  # type: ignore[arg-type]
+def _movielens_1m(**options: Any) -> MovieLens1M:
+    return MovieLens1M(**options)

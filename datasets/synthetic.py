@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gzip
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -153,8 +154,8 @@ class SyntheticCriteo(RecDataset):
 
 
 @register_dataset("synthetic")
-def _synthetic(**options: object) -> SyntheticCriteo:
-    return SyntheticCriteo(**options)  # type: ignore[arg-type]
+def _synthetic(**options: Any) -> SyntheticCriteo:
+    return SyntheticCriteo(**options)
 
 
 _BAD_ROWS = (

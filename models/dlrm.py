@@ -68,6 +68,8 @@ class DenseArch(nn.Module):
 class DotInteraction(nn.Module):
     """DLRM's interaction: the dense vector and every pairwise dot product of the F+1 vectors."""
 
+    triu_indices: torch.Tensor
+
     def __init__(self, num_sparse_features: int) -> None:
         super().__init__()
         self.F = num_sparse_features
@@ -205,12 +207,12 @@ class DLRM(nn.Module):
                 f"got {dense_arch_layer_sizes}"
             )
         self.dense_arch = DenseArch(dense_in_features, dense_arch_layer_sizes, dense_device)
-        self.inter_arch: nn.Module = self._interaction(dense_device)
+        self.inter_arch = self._interaction(dense_device)
         self.over_arch = OverArch(
             self.inter_arch.output_size(self.sparse_arch.D), over_arch_layer_sizes, dense_device
         )
 
-    def _interaction(self, device: torch.device | None) -> nn.Module:
+    def _interaction(self, device: torch.device | None) -> DotInteraction | CrossInteraction:
         return DotInteraction(self.sparse_arch.F)
 
     def forward(
@@ -249,7 +251,7 @@ class DLRM_DCN(DLRM):  # noqa: N801 - the name users know from torchrec.models.d
             dense_device,
         )
 
-    def _interaction(self, device: torch.device | None) -> nn.Module:
+    def _interaction(self, device: torch.device | None) -> DotInteraction | CrossInteraction:
         num_layers, low_rank = self._dcn
         crossnet = LowRankCrossNet(
             in_features=(self.sparse_arch.F + 1) * self.sparse_arch.D,

@@ -33,6 +33,7 @@ import fsspec
 import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torchrec.datasets.utils import Batch
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
@@ -177,7 +178,8 @@ def load(path: str) -> tuple[RecTrain, RunConfig]:
     cfg, spec = _checkpoint_config(found.path)
     model = build_model(cfg.model, spec, torch.device("cpu"))
     wanted = {f"model.{k}": v for k, v in model.state_dict().items()}
-    saved = dcp.FileSystemReader(found.path).read_metadata().state_dict_metadata
+    saved = {k: m for k, m in dcp.FileSystemReader(found.path).read_metadata()
+             .state_dict_metadata.items() if isinstance(m, TensorStorageMetadata)}
     missing = sorted(set(wanted) - set(saved))
     unexpected = sorted(k for k in saved if k.startswith("model.") and k not in wanted)
     shapes = [f"{k} {tuple(saved[k].size)} in the checkpoint, {tuple(v.shape)} built"

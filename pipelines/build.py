@@ -28,7 +28,7 @@ from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 from shadowsync.datasets import DataSpec
 from shadowsync.models.init import require_initializable, reset_dense_from_seed_
 from shadowsync.models.zoo import build_model, sparse_modules
-from shadowsync.pipelines.config import ROW_WISE_FAMILY, RunConfig
+from shadowsync.pipelines.config import ROW_WISE_FAMILY, RunConfig, ShardingType
 from shadowsync.sync.wrapper import (
     DDPReplicas,
     LocalReplicas,
@@ -46,7 +46,8 @@ _DENSE_OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
     "adam": torch.optim.Adam,
     "sgd": torch.optim.SGD,
 }
-CPU_SHARDING_TYPES = ("table_wise", "column_wise", "table_column_wise", "data_parallel")
+CPU_SHARDING_TYPES: tuple[ShardingType, ...] = (
+    "table_wise", "column_wise", "table_column_wise", "data_parallel")
 
 
 class _DropMessages(logging.Filter):
@@ -181,7 +182,8 @@ def _meta_model_and_planner(
         [p for c in collections for p in c.parameters()],
         _optimizer_kwargs(sparse, cfg.optim.sparse_lr, cfg.optim.eps),
     )
-    tables = [t.name for c in collections for t in c.embedding_bag_configs()]
+    # sparse_modules() returns nn.Modules, whose __getattr__ types methods as Tensor | Module
+    tables = [t.name for c in collections for t in c.embedding_bag_configs()]  # type: ignore[operator]
     if local_world_size is None:
         local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     # TorchRec's own constructors: a Topology built directly, or the planner's default
@@ -276,5 +278,5 @@ def plan_ranks(plan: ShardingPlan) -> dict[str, tuple[str, list[int]]]:
     return {
         table: (ps.sharding_type, sorted(set(ps.ranks or [])))
         for module_plan in plan.plan.values()
-        for table, ps in module_plan.items()  # type: ignore[union-attr]
+        for table, ps in module_plan.items()
     }

@@ -183,13 +183,13 @@ class RunConfig:
         for key, value in {**positive, **optional_positive}.items():
             if value is not None and value <= 0:
                 raise ValueError(f"{key} must be positive, got {value}")
-        for key, value in {
+        for key, amount in {
             "optim.dense_lr": self.optim.dense_lr,
             "optim.sparse_lr": self.optim.sparse_lr,
             "train.pg_timeout_s": self.train.pg_timeout_s,
         }.items():
-            if value <= 0:
-                raise ValueError(f"{key} must be positive, got {value}")
+            if amount <= 0:
+                raise ValueError(f"{key} must be positive, got {amount}")
         if self.checkpoint.every_steps is not None and self.checkpoint.dir is None:
             raise ValueError("checkpoint.every_steps needs checkpoint.dir")
         if not 0 < 3 * self.train.heartbeat_s <= self.train.heartbeat_timeout_s:

@@ -113,6 +113,8 @@ def locations(output_dir: str | None, history: list[dict[str, Any]],
         where["output_dir"] = output_dir
         where["metrics"] = str(Path(output_dir) / "metrics.jsonl")
     saved = [r["checkpoint"] for r in history if "checkpoint" in r]
-    if saved or resumed is not None:
-        where["checkpoint"] = saved[-1] if saved else resumed["resumed_from"]
+    if saved:
+        where["checkpoint"] = saved[-1]
+    elif resumed is not None:
+        where["checkpoint"] = resumed["resumed_from"]
     return where

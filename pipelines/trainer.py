@@ -449,7 +449,7 @@ class Trainer:
                     self._log(record)
                     loss_sum.zero_()
                     loss_n = 0
-                ckpt_due = bool(every_ckpt) and self.step % every_ckpt == 0
+                ckpt_due = every_ckpt is not None and self.step % every_ckpt == 0
                 # Agree before anything that pauses the synchronizer, so no rank pauses a
                 # runner that another rank has given up on.
                 if ckpt_due or self.step % cfg.train.control_every_steps == 0:

@@ -64,7 +64,7 @@ def data_parallel_table_parameters(dmp: DistributedModelParallel) -> dict[str, n
     params = dict(get_unwrapped_module(dmp).named_parameters())
     out = {}
     for path, module_plan in dmp.plan.plan.items():
-        for table, ps in module_plan.items():  # type: ignore[union-attr]
+        for table, ps in module_plan.items():
             if ps.sharding_type == "data_parallel":
                 name = f"{path}.embedding_bags.{table}.weight"
                 if name not in params:
