@@ -142,8 +142,15 @@ def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "eval_calibration": _mean(per_seed, "eval_calibration"),
         })
     base = [a["examples_per_s"] for a in out if a["arm"] == "none"]
+    # Each run against none's run of the same seed and repeat (same job, same position in the
+    # rotation): the spread a goal must clear as a whole.
+    nones = {(r["seed"], r["repeat"]): r["examples_per_s"] for r in rows if r["arm"] == "none"}
     for a in out:
         a["ratio_to_none"] = a["examples_per_s"] / base[0] if base else math.nan
+        ratios = [r["examples_per_s"] / nones[r["seed"], r["repeat"]] for r in rows
+                  if r["arm"] == a["arm"] and (r["seed"], r["repeat"]) in nones]
+        a["ratio_min"] = min(ratios, default=math.nan)
+        a["ratio_max"] = max(ratios, default=math.nan)
     return out
 
 
@@ -153,7 +160,8 @@ def _f(x: float, digits: int = 1) -> str:
 
 def table(arms: list[dict[str, Any]]) -> str:
     lines = [
-        "| arm | examples/s | ratio to none | sync gap mean | sync gap max | syncs | "
+        "| arm | examples/s | ratio to none [min, max over runs] | sync gap mean | "
+        "sync gap max | syncs | "
         "comm s | eval AUC | eval NE (± sd over seeds) | calibration |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -161,7 +169,8 @@ def table(arms: list[dict[str, Any]]) -> str:
         ne = _f(a["eval_ne"], 4) + ("" if math.isnan(a["eval_ne_std"])
                                     else f" ± {a['eval_ne_std']:.4f}")
         lines.append(
-            f"| {a['arm']} | {a['examples_per_s']:,.0f} | {a['ratio_to_none']:.3f} | "
+            f"| {a['arm']} | {a['examples_per_s']:,.0f} | {a['ratio_to_none']:.3f} "
+            f"[{a['ratio_min']:.3f}, {a['ratio_max']:.3f}] | "
             f"{_f(a['sync_gap_mean'])} | {_f(a['sync_gap_max'], 0)} | {_f(a['syncs'], 0)} | "
             f"{_f(a['comm_seconds'])} | {a['eval_auc']:.4f} | {ne} | "
             f"{a['eval_calibration']:.3f} |"

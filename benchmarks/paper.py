@@ -74,9 +74,10 @@ def goals(arms: list[dict[str, Any]]) -> list[str]:
     for a in arms:
         if not a["arm"].startswith("S-"):
             continue
-        fast = a["ratio_to_none"] >= 0.95
+        fast = a["ratio_min"] >= 0.95  # the whole spread must clear the goal
         lines.append(f"- {a['arm']} keeps {a['ratio_to_none']:.3f} of none's examples/s "
-                     f"(goal >= 0.95): {'met' if fast else 'NOT met'}.")
+                     f"(runs {a['ratio_min']:.3f}-{a['ratio_max']:.3f}; goal >= 0.95 on every "
+                     f"run): {'met' if fast else 'NOT met'}.")
         if ddp is not None:
             sd = max(ddp["eval_ne_std"], a["eval_ne_std"])
             diff = a["eval_ne"] - ddp["eval_ne"]
@@ -124,16 +125,21 @@ def plot(arms: list[dict[str, Any]], out: Path) -> None:
 
 def report(arms: list[dict[str, Any]], args: argparse.Namespace, world: int) -> str:
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    command = f"torchrun --nproc_per_node {world} benchmarks/paper.py {shlex.join(sys.argv[1:])}"
+    argv = [a for a in sys.argv[1:] if a != "--report-only"]
+    command = f"torchrun --nproc_per_node {world} benchmarks/paper.py {shlex.join(argv)}"
+    dated = (f"- Report rewritten {when} from the runs in `runs.json` "
+             "(`python benchmarks/paper.py --report-only`; see git for when they ran)"
+             if args.report_only else f"- Date: {when}")
     return "\n".join([
         "# ShadowSync vs foreground synchronization on MovieLens-1M",
         "",
-        f"- Date: {when}",
+        dated,
         f"- Command: `{command}`",
         f"- Machine: {machine()}",
         f"- Ranks: {world} (gloo on CPU); config `{args.config}` "
         f"{' '.join(args.overrides)}; seeds {args.seeds}; {args.repeats} repeat(s) per seed",
-        "- examples/s is the median over runs; the ratio is to `none` in this same job; NE, AUC "
+        "- examples/s is the median over runs; the ratio is to `none` in this same job, with the "
+        "min-max of each run's ratio to `none`'s run of the same seed and repeat; NE, AUC "
         "and calibration are the exact metrics over the whole eval split after each arm's final "
         "sync, mean (± sd) over seeds.",
         "",
@@ -156,24 +162,34 @@ def main() -> int:
     parser.add_argument("--arm", type=parse_arm, action="append",
                         help="replace the standard arms (repeatable)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/paper"))
+    parser.add_argument("--report-only", action="store_true",
+                        help="rewrite report.md and the plot from --out's runs.json")
     parser.add_argument("overrides", nargs="*", help="overrides common to every arm")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, force=True)
+    if args.report_only:
+        write(json.loads((args.out / "runs.json").read_text()), args, 2)
+        return 0
     arms = args.arm or [parse_arm(a) for a in ARMS]
     common = ["eval.every_steps=null", "logging.progress_bar=false", "train.log_every=100000",
               *args.overrides]
     env = init_distributed(300.0)
     rows = run_all(env, args.config, common, arms, args.seeds, args.repeats)
     if env.rank == 0:
-        args.out.mkdir(parents=True, exist_ok=True)
-        summary = aggregate(rows)
-        (args.out / "runs.json").write_text(json.dumps(rows, indent=1))
-        plot(summary, args.out / "quality_vs_throughput.png")
-        text = report(summary, args, env.world_size)
-        (args.out / "report.md").write_text(text)
-        print(text)
+        write(rows, args, env.world_size)
     dist.destroy_process_group()
     return 0
+
+
+def write(rows: list[dict[str, Any]], args: argparse.Namespace, world: int) -> None:
+    """runs.json, the plot and report.md into ``--out``."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    summary = aggregate(rows)
+    (args.out / "runs.json").write_text(json.dumps(rows, indent=1))
+    plot(summary, args.out / "quality_vs_throughput.png")
+    text = report(summary, args, world)
+    (args.out / "report.md").write_text(text)
+    print(text)
 
 
 if __name__ == "__main__":

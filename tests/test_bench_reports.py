@@ -1,0 +1,38 @@
+"""The benchmark reports' arithmetic: each arm's spread of ratios to ``none`` (run against
+``none``'s run of the same seed and repeat), and goals judged on the whole spread."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _load(name: str) -> ModuleType:
+    sys.path.insert(0, str(_DIR))  # paper.py imports bench_sync beside it
+    spec = importlib.util.spec_from_file_location(name, _DIR / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _row(arm: str, seed: int, ex_s: float) -> dict[str, float | str | int]:
+    return {"arm": arm, "seed": seed, "repeat": 0, "examples_per_s": ex_s, "eval_ne": 0.8,
+            "eval_auc": 0.7, "eval_calibration": 1.0, "train_seconds": 1.0}
+
+
+def test_ratio_spread_pairs_each_run_with_nones_run_and_goals_use_it() -> None:
+    bench, paper = _load("bench_sync"), _load("paper")
+    rows = [_row("none", 0, 100.0), _row("none", 1, 200.0), _row("none", 2, 100.0),
+            _row("S-MA", 0, 99.0), _row("S-MA", 1, 180.0), _row("S-MA", 2, 98.0)]
+    arms = {a["arm"]: a for a in bench.aggregate(rows)}
+    s = arms["S-MA"]
+    assert s["ratio_to_none"] == 99.0 / 100.0  # medians: 99 over 100
+    assert (s["ratio_min"], s["ratio_max"]) == (0.9, 0.99)  # 180/200, 99/100
+    assert "[0.900, 0.990]" in bench.table(list(arms.values()))
+    (line,) = [g for g in paper.goals(list(arms.values())) if g.startswith("- S-MA keeps")]
+    assert "0.990" in line and line.endswith("NOT met."), line  # the median clears, a run not
