@@ -95,9 +95,13 @@ def _wait_all(procs: list[subprocess.Popen[str]], marker: str, timeout_s: float)
     return "\n".join(logs)
 
 
-def torchrun(overrides: list[str], fault: str | None = None) -> Job:
+def torchrun(overrides: list[str], fault: str | None = None, launcher: bool = False) -> Job:
+    """A 2-rank job under torchrun, or with ``launcher`` under ``python -m
+    shadowsync.pipelines.launch`` (torchrun with the preemption exit, as the components run)."""
     marker = uuid.uuid4().hex
-    cmd = [str(VENV_BIN / "torchrun"), "--nproc_per_node", "2", "--rdzv-backend", "c10d",
+    run = ([sys.executable, "-m", "shadowsync.pipelines.launch"] if launcher
+           else [str(VENV_BIN / "torchrun")])
+    cmd = [*run, "--nproc_per_node", "2", "--rdzv-backend", "c10d",
            "--rdzv-endpoint", "localhost:0", "-m",
            "faulty_train" if fault else "shadowsync.pipelines.train", *SMALL, *overrides]
     began = time.monotonic()
@@ -331,9 +335,12 @@ def test_preemption_checkpoints_and_resumes(tmp_path: Path) -> None:
     common = [f"checkpoint.dir={tmp_path}", "checkpoint.every_steps=10", "train.steps=60",
               "eval.every_steps=50"]
 
-    first = torchrun(common, fault="rank1:sigterm-save@20")
-    assert first.rc == 1  # torchrun's own code for a failed worker (the worker's is 143)
-    assert "exitcode  : 143" in first.log
+    first = torchrun(common, fault="rank1:sigterm-save@20", launcher=True)
+    assert first.rc == 143, first.log[-3000:]  # bare torchrun: 1 (its code for a failed worker)
+    assert first.log.rstrip().endswith("preempted: every worker stopped after the same step and "
+                                        "checkpointed (exit 143); run the same command to resume "
+                                        "from the checkpoint"), first.log[-3000:]
+    assert "Traceback" not in first.log
     assert "SIGTERM reached rank(s) [1]: every rank stops after step 30" in first.log
     assert (f"preempted: every rank stopped after step 30; checkpoint {tmp_path}/step_00000030"
             "; run the same command to resume (exit 143)") in first.log
@@ -341,19 +348,21 @@ def test_preemption_checkpoints_and_resumes(tmp_path: Path) -> None:
     _assert_loadable(tmp_path, 30)
     _report("SIGTERM to rank 1 only, while writing the step-20 checkpoint", first,
             "write completes; `SIGTERM reached rank(s) [1]: every rank stops after step 30`; "
-            "checkpoint 30; ranks exit 143", first.since_fault())
+            "checkpoint 30; ranks and the launcher exit 143, one `preempted:` line last",
+            first.since_fault())
 
-    second = torchrun(common, fault="rank0:sigterm-agent@45")
+    second = torchrun(common, fault="rank0:sigterm-agent@45", launcher=True)
     assert f"resumed from {tmp_path}/step_00000030" in second.log
     assert "Received 15 death signal, shutting down workers" in second.log
     assert re.search(r"SIGTERM reached rank\(s\) \[0(, 1)?\]: every rank stops after step 50",
                      second.log)
     assert "eval_ne" not in second.log  # the evaluation of step 50 did not run
-    assert second.rc != 0 and second.since_fault() < EXIT_BOUND_S
+    assert second.rc == 143 and second.since_fault() < EXIT_BOUND_S
+    assert "preempted: the launcher got SIGTERM" in second.log
     _assert_loadable(tmp_path, 50)
     _report("SIGTERM to torchrun at step 45 (resumed from 30)", second,
-            "torchrun forwards it; `SIGTERM reached rank(s) [0, 1]: every rank stops after "
-            "step 50`; checkpoint 50", second.since_fault())
+            "the launcher forwards it; `SIGTERM reached rank(s) [0, 1]: every rank stops after "
+            "step 50`; checkpoint 50; exit 143", second.since_fault())
 
     third = torchrun([*common, f"output_dir={tmp_path / 'third'}"])
     assert third.rc == 0, third.log[-3000:]

@@ -35,6 +35,7 @@ from shadowsync.torchx_components.preprocess import preprocess
 from shadowsync.torchx_components.train import evaluate, train
 
 REPO = Path(__file__).resolve().parents[1]
+LAUNCHER = "shadowsync.pipelines.launch"  # torchrun with the preemption exit
 VENV_BIN = Path(sys.executable).parent  # torchx runs `torchrun` from PATH
 MODULE = "shadowsync.pipelines.train"
 SHORT = [
@@ -59,10 +60,11 @@ def _free_port() -> int:
 
 @pytest.fixture
 def fake_bin(tmp_path: Path) -> Path:
-    """``torchrun`` and ``srun`` stand-ins that save their argv (NUL-separated) and exit 0."""
+    """``python`` (the components' launcher runs as ``python -m shadowsync.pipelines.launch``)
+    and ``srun`` stand-ins that save their argv (NUL-separated) and exit 0."""
     bin_dir = tmp_path / "fake_bin"
     bin_dir.mkdir()
-    for tool in ("torchrun", "srun"):
+    for tool in ("python", "srun"):
         exe = bin_dir / tool
         exe.write_text(f"#!/bin/sh\nprintf '%s\\0' \"$@\" > \"{bin_dir}/{tool}.argv\"\n")
         exe.chmod(0o755)
@@ -79,10 +81,13 @@ def _argv(fake_bin: Path, tool: str) -> list[str]:
 
 
 def _torchrun_argv(bash_c: list[str], fake_bin: Path, env: dict[str, str]) -> list[str]:
-    """What torchrun receives when ``bash -c CMD`` (the role's command) runs with ``env``."""
+    """What torchrun (run by the launcher) receives when ``bash -c CMD`` (the role's command)
+    runs with ``env``."""
     assert bash_c[:2] == ["bash", "-c"] and len(bash_c) == 3, bash_c
     _run_shell(bash_c, fake_bin, env, fake_bin)
-    return _argv(fake_bin, "torchrun")
+    argv = _argv(fake_bin, "python")
+    assert argv[:2] == ["-m", LAUNCHER], argv
+    return argv[2:]
 
 
 def _flag(argv: list[str], name: str) -> str:
@@ -90,8 +95,10 @@ def _flag(argv: list[str], name: str) -> str:
 
 
 def _program(argv: list[str]) -> list[str]:
-    """torchrun's ``-m MODULE ARGS...``: everything the training module is started with."""
-    return argv[argv.index("-m"):]
+    """torchrun's ``-m MODULE ARGS...``: everything the training module is started with (after
+    the launcher's own ``-m``, when ``argv`` has it)."""
+    start = argv.index(LAUNCHER) + 1 if LAUNCHER in argv else 0
+    return argv[argv.index("-m", start):]
 
 
 class TestComponentsParse(ComponentTestCase):
@@ -138,8 +145,8 @@ def test_train_appdef() -> None:
     assert (role.resource.cpu, role.resource.gpu, role.resource.memMB) == (8, 2, 4096)
     assert role.env["NCCL_DEBUG"] == "INFO"
     assert env == {"NCCL_DEBUG": "INFO"}, "the caller's env dict must not change"
-    argv = shlex.split(role.args[1])
-    assert argv[0] == "torchrun" and _flag(argv, "--rdzv_backend") == "c10d"
+    launcher, argv = shlex.split(role.args[1])[:3], shlex.split(role.args[1])[3:]
+    assert launcher == ["python", "-m", LAUNCHER] and _flag(argv, "--rdzv_backend") == "c10d"
     assert _program(argv) == ["-m", MODULE, "--config", "criteo.yaml", *TRICKY]
 
 

@@ -76,12 +76,14 @@ def _shadowsync_ddp(
 ) -> specs.AppDef:
     """``dist.ddp`` with ``-m module``; ddp ``shlex.quote``\\s every argument into its
     ``bash -c`` line (the shell is needed for the multi-node ``${rank0 host}`` endpoint), so
-    user values arrive as the same single arguments and are never run as shell code."""
+    user values arrive as the same single arguments and are never run as shell code. Its
+    ``torchrun`` becomes ``python -m shadowsync.pipelines.launch`` (torchrun's own ``run()``,
+    with exit 143 and one line after a clean preemption instead of 1 and a traceback)."""
     nproc_per_node = parse_nnodes(j)[2]
     if 0 < gpu < nproc_per_node:
         # every rank takes cuda:LOCAL_RANK, so a node needs a GPU per process
         raise ValueError(f"-j {j} runs {nproc_per_node} processes per node but gpu={gpu}")
-    return ddp(
+    app = ddp(
         *module_args,
         m=module,
         image=image,
@@ -95,6 +97,12 @@ def _shadowsync_ddp(
         rdzv_port=rdzv_port,
         mounts=mounts,
     )
+    for role in app.roles:
+        command = role.args[-1]
+        if not command.startswith("torchrun "):
+            raise RuntimeError(f"torchx's dist.ddp no longer starts with torchrun: {command!r}")
+        role.args[-1] = "python -m shadowsync.pipelines.launch " + command[len("torchrun "):]
+    return app
 
 
 def train(
