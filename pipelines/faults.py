@@ -42,7 +42,7 @@ from shadowsync.pipelines import checkpoint
 from shadowsync.sync.runner import PeerAborted
 
 __all__ = ["FAILURES", "PREEMPTED_EXIT_CODE", "Control", "FiniteWatch", "Heartbeat",
-           "NonFiniteValue", "PeerFailed", "PeerNonFinite", "attribute_failure",
+           "NonFiniteValue", "PeerFailed", "PeerNonFinite", "attribute_failure", "claim_failure",
            "failure_message", "install_sigterm_handler",
            "is_consequence", "non_finite_message", "raise_if_non_finite", "stop_requested"]
 
@@ -106,6 +106,36 @@ def _job_store(kind: str, timeout_s: float = _STORE_TIMEOUT_S) -> dist.Store | N
     return dist.PrefixStore(f"shadowsync/{kind}/{attempt}/", store)
 
 
+def _claim(store: dist.Store, message: str, rank: int | None = None) -> bool:
+    """Posts ``message`` as the job's first failure, that of ``rank`` (default: this one),
+    unless one was posted."""
+    if store.add("count", 1) != 1:
+        return False
+    store.set("first_rank", str(_rank() if rank is None else rank))
+    store.set("first", message)
+    return True
+
+
+def claim_failure(exc: BaseException) -> None:
+    """Posts ``exc`` as the job's first failure where it happens (the synchronizer's thread
+    calls it for its own failures), before peers learn of it and break off: a peer that then
+    fails reports it, even while this rank's training thread is still in a collective. A
+    failure that a killed or stopped peer caused (its collective broke) names that peer, as in
+    :func:`attribute_failure`."""
+    store = _job_store("failure")
+    beat = _heartbeat
+    try:
+        if store is None or store.check(["first"]):
+            return
+        silent = beat.silent_peers() if beat is not None else []
+        message = (_silent_message(silent, f"found by rank {_rank()} when its synchronizer "
+                                   f"failed with {type(exc).__name__}: {exc}")
+                   if silent else failure_message(exc))
+        _claim(store, message, silent[0] if silent else None)
+    except RuntimeError:
+        pass  # no store: torchrun's summary is left to name the rank
+
+
 def is_consequence(exc: BaseException | None) -> bool:
     """Whether ``exc`` (or what caused it) says that another rank failed first."""
     while exc is not None:
@@ -126,17 +156,21 @@ def attribute_failure(exc: BaseException) -> BaseException:
     A rank killed or stopped outright posts nothing: before claiming the cause, a rank asks
     the :class:`Heartbeat` whether every peer still lives, and names the one that does not.
     """
+    beat = _heartbeat
+    if beat is not None:
+        beat.mark_failing()  # alive and reporting: peers must not take this rank for silent
     store = _job_store("failure")
     if store is None:
         return exc
     try:
+        if store.check(["first_rank"]) and store.get("first_rank").decode() == str(_rank()):
+            return exc  # this rank posted it already (see claim_failure)
         if not is_consequence(exc) and not store.check(["first"]):
-            silent = _heartbeat.silent_peers() if _heartbeat is not None else []
+            silent = beat.silent_peers() if beat is not None else []
             first = (_silent_message(silent, f"found by rank {_rank()} when it failed with "
                                      f"{type(exc).__name__}: {exc}")
                      if silent else failure_message(exc))
-            if store.add("count", 1) == 1:
-                store.set("first", first)
+            if _claim(store, first, silent[0] if silent else None):
                 return PeerFailed(first) if silent else exc
         store.wait(["first"], timedelta(seconds=_STORE_TIMEOUT_S))
         first = store.get("first").decode()
@@ -224,6 +258,16 @@ class Heartbeat:
         except RuntimeError:
             pass  # the store is gone: so is the job
 
+    def mark_failing(self) -> None:
+        """Tells peers that this rank stops on a failure it reports itself (it may exit before
+        their check), so they never report it as silent."""
+        store = _job_store("heartbeat")  # its own connection: the beat's thread has one
+        try:
+            if store is not None:
+                store.set(f"done/{self.rank}", "failing")
+        except RuntimeError:
+            pass  # the store is gone: so is the job
+
     def _count(self, rank: int) -> int:
         return int(self.store.add(f"alive/{rank}", 0))
 
@@ -234,12 +278,20 @@ class Heartbeat:
         """The peers whose counter does not move within three beats and that did not finish
         (empty when the store cannot be reached: no one to blame)."""
         peers = [r for r in range(self.world_size) if r != self.rank]
+        store = _job_store("heartbeat")  # its own connection: any thread may ask
+        if store is None:
+            return []
+
+        def count(rank: int) -> int:
+            return int(store.add(f"alive/{rank}", 0))
+
         try:
-            seen = {r: self._count(r) for r in peers}
+            seen = {r: count(r) for r in peers}
             deadline = time.monotonic() + 3 * self.interval_s
             while peers and time.monotonic() < deadline:
                 time.sleep(self.interval_s / 4)
-                peers = [r for r in peers if self._count(r) == seen[r] and not self._done(r)]
+                peers = [r for r in peers
+                         if count(r) == seen[r] and not store.check([f"done/{r}"])]
         except RuntimeError:
             return []
         return peers
@@ -267,8 +319,8 @@ class Heartbeat:
                                           f"stopped {now - moved:.0f} s ago")
                 self.store.set("silent", message)
                 failures = _job_store("failure")
-                if failures is not None and failures.add("count", 1) == 1:
-                    failures.set("first", message)
+                if failures is not None:
+                    _claim(failures, message, peer)
                 self._kill_if_local(peer)
                 self._die(message)
 

@@ -14,6 +14,7 @@ Example::
 
 from __future__ import annotations
 
+import signal
 import sys
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -23,6 +24,7 @@ from torch.distributed.run import get_args_parser, run
 from shadowsync.pipelines.faults import PREEMPTED_EXIT_CODE
 
 _RESUME = "run the same command to resume from the checkpoint"
+_AFTER_PREEMPTION = {PREEMPTED_EXIT_CODE, -signal.SIGTERM, -signal.SIGKILL}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,8 +32,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run(args)
     except ChildFailedError as e:
-        codes = sorted({f.exitcode for f in e.failures.values()})
-        if codes != [PREEMPTED_EXIT_CODE]:
+        codes = {f.exitcode for f in e.failures.values()}
+        # A worker exits 143 only after the ranks agreed to stop and every rank passed the
+        # checkpoint's last barrier; torchrun then stops the others with SIGTERM (SIGKILL after
+        # its grace), so those deaths, beside a 143, end a completed preemption too.
+        if PREEMPTED_EXIT_CODE not in codes or not codes <= _AFTER_PREEMPTION:
             raise
         print(f"preempted: every worker stopped after the same step and checkpointed (exit "
               f"{PREEMPTED_EXIT_CODE}); {_RESUME}", file=sys.stderr, flush=True)

@@ -38,6 +38,7 @@ from shadowsync.pipelines.build import (
 from shadowsync.pipelines.config import RunConfig, dump_config
 from shadowsync.pipelines.console import ConsoleLog, planned_steps
 from shadowsync.pipelines.metrics import gather_metrics
+from shadowsync.sync.runner import SyncError
 from shadowsync.sync.wrapper import build_replica_wrapper, dense_parameters
 
 logger = logging.getLogger("shadowsync.train")
@@ -104,6 +105,7 @@ class Trainer:
         self.env = env
         self.dataset = dataset
         self.wrapper = build_replica_wrapper(cfg.sync)
+        self.wrapper.failure_hook = faults.claim_failure
         self.dmp, self.plan = build_sharded_model(cfg, dataset.spec, env, self.wrapper)
         self.optimizer = build_optimizer(cfg, self.dmp)
         self.pipeline = TrainPipelineSparseDist(self.dmp, self.optimizer, env.device)
@@ -390,7 +392,9 @@ class Trainer:
         Raises :class:`~.faults.NonFiniteValue` if the run went non-finite. When another
         error ends training first (say the synchronizer found a non-finite replica) on a rank
         whose own loss or dense gradients had gone non-finite, that is what this rank reports,
-        with the error as its cause.
+        with the error as its cause. Likewise a failure of this rank's own synchronizer is
+        reported rather than what it caused (a training collective broken when the peers that
+        learned of it left).
         """
         try:
             return self._train()
@@ -399,7 +403,10 @@ class Trainer:
         except Exception as e:
             seen = self.watch.local_message(self.env.rank, self.env.world_size)
             if seen is None:
-                raise
+                own = self.wrapper.sync_failure()
+                if own is None or isinstance(e, SyncError) or faults.is_consequence(own):
+                    raise
+                raise own from e
             cls = faults.PeerNonFinite if faults.is_consequence(e) else faults.NonFiniteValue
             raise cls(f"{seen}; found on this rank when training failed with "
                       f"{type(e).__name__}: {e}") from e

@@ -286,6 +286,9 @@ class SyncRunner(abc.ABC):
         self._running = False
         self._started_at = 0.0
         self._error: BaseException | None = None
+        # Called once with this rank's own failure (not a peer's abort), from whichever thread
+        # found it, before peers are told: the trainer reports it to the job from there.
+        self.on_failure: Callable[[SyncError], None] | None = None
         self._lock = threading.Lock()
         self._counters = _Counters()
 
@@ -381,6 +384,11 @@ class SyncRunner(abc.ABC):
         if not self._running:
             raise RuntimeError(f"{what} called on a runner that is not started")
 
+    def failure(self) -> SyncError | None:
+        """The failure this runner recorded (its own, or a peer's abort), as :meth:`step` would
+        raise it; None while it has not failed."""
+        return None if self._error is None else self._sync_error(self._error)
+
     def _raise_failure(self) -> None:
         """Raise the recorded failure, if any, as a SyncError naming this rank."""
         err = self._error
@@ -474,6 +482,11 @@ class SyncRunner(abc.ABC):
         """
         with self._lock:
             self._error = self._error or exc
+        if self.on_failure is not None and not isinstance(exc, PeerAborted):
+            try:  # before the peers learn of it, so that their report can name this one
+                self.on_failure(self._sync_error(exc))
+            except Exception:
+                logger.warning("rank %d: the failure hook failed", self._rank, exc_info=True)
         if not self._peers_told:
             self._peers_told = True
             try:

@@ -14,6 +14,7 @@ import dataclasses
 import enum
 import logging
 import math
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -76,6 +77,10 @@ def data_parallel_table_parameters(dmp: DistributedModelParallel) -> dict[str, n
 class ReplicaHooks:
     """What the training loop calls on every wrapper; the baselines do nothing here."""
 
+    # Called with a synchronizer failure that will stop training (``sync.on_failure=raise``,
+    # or a non-finite replica), from the thread that found it; set by the trainer.
+    failure_hook: Callable[[BaseException], None] | None = None
+
     def after_step(self) -> None:
         """Called between steps (after the optimizer step, before the next forward)."""
 
@@ -112,6 +117,11 @@ class ReplicaHooks:
 
     def close(self) -> None:
         """Destroys the process groups this wrapper made (after :meth:`finish`, every rank)."""
+
+    def sync_failure(self) -> BaseException | None:
+        """The synchronizer's recorded failure on this rank, if any (see
+        :meth:`~.runner.SyncRunner.failure`)."""
+        return None
 
     @classmethod
     def from_config(cls, cfg: SyncConfig) -> ReplicaHooks:
@@ -323,8 +333,14 @@ class ShadowSyncReplicas(LocalReplicas):
                 chunk_bytes=chunk,
                 deadline_s=cfg.timeout_s,
             )
+        self.runner.on_failure = self._report
         self.runner.start()
         self.phase = Phase.RUNNING
+
+    def _report(self, error: SyncError) -> None:
+        if self.failure_hook is not None and (self.cfg.on_failure == "raise"
+                                              or isinstance(error, NonFiniteError)):
+            self.failure_hook(error)
 
     def _runner(self) -> SyncRunner:
         if self.runner is None:
@@ -353,6 +369,9 @@ class ShadowSyncReplicas(LocalReplicas):
 
     def failed(self) -> bool:
         return self.phase is Phase.FAILED
+
+    def sync_failure(self) -> BaseException | None:
+        return None if self.runner is None else self.runner.failure()
 
     def degrade(self, ranks: list[int]) -> None:
         self._expect("degrade", Phase.RUNNING, Phase.FAILED, Phase.DEGRADED)

@@ -20,6 +20,7 @@ def _failed(*codes: int) -> ChildFailedError:
 @pytest.mark.parametrize(("outcome", "expected"), [
     (None, 0),
     (_failed(143, 143), 143),
+    (_failed(-15, 143), 143),  # torchrun stopped rank 0 after rank 1 exited 143
     (SignalException("got 15", signal.SIGTERM), 143),
     (SignalException("got 2", signal.SIGINT), 130),
 ])
@@ -40,7 +41,7 @@ def test_preemption_exits_143(outcome: BaseException | None, expected: int,
     assert (err.count("preempted:") == 1) == (outcome is not None), err
 
 
-@pytest.mark.parametrize("codes", [(143, 1), (1, 1), (143, -9)])
+@pytest.mark.parametrize("codes", [(143, 1), (1, 1), (-15, -15), (-9, 1)])
 def test_any_other_failure_is_torchrun_s(codes: tuple[int, ...],
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     def run(args: Any) -> None:
