@@ -178,24 +178,27 @@ def load(path: str) -> tuple[RecTrain, RunConfig]:
     cfg, spec = _checkpoint_config(found.path)
     model = build_model(cfg.model, spec, torch.device("cpu"))
     wanted = {f"model.{k}": v for k, v in model.state_dict().items()}
-    saved = {k: m for k, m in dcp.FileSystemReader(found.path).read_metadata()
+    saved = {k: tuple(m.size) for k, m in dcp.FileSystemReader(found.path).read_metadata()
              .state_dict_metadata.items() if isinstance(m, TensorStorageMetadata)}
+    # The dense replica is in the per-rank files (rank 0's here), the rest in DCP; checkpoints
+    # of older versions hold the dense weights in both, and the per-rank copy wins.
+    dense = {f"model.{k}": v for k, v in checkpoint.read_rank_file(found, 0)["dense"].items()}
+    saved.update({k: tuple(v.shape) for k, v in dense.items()})
     missing = sorted(set(wanted) - set(saved))
     unexpected = sorted(k for k in saved if k.startswith("model.") and k not in wanted)
-    shapes = [f"{k} {tuple(saved[k].size)} in the checkpoint, {tuple(v.shape)} built"
-              for k, v in wanted.items() if k in saved and tuple(saved[k].size) != v.shape]
+    shapes = [f"{k} {saved[k]} in the checkpoint, {tuple(v.shape)} built"
+              for k, v in wanted.items() if k in saved and saved[k] != v.shape]
     if missing or unexpected or shapes:
         problems = [f"{label}: {keys[:5]}{' ...' if len(keys) > 5 else ''}" for label, keys in
                     (("missing", missing), ("unexpected", unexpected), ("shapes", shapes))
                     if keys]
         raise ModelMismatch(f"{found.path}: its weights do not fit the model its config builds "
                             f"(model.name={cfg.model.name}); " + "; ".join(problems))
-    state = dict(wanted)
+    state = {k: v for k, v in wanted.items() if k not in dense}
     with warnings.catch_warnings():  # one process on purpose: DCP's note that it assumes so
         warnings.filterwarnings("ignore", message="torch.distributed is disabled",
                                 category=UserWarning)
         dcp.load(state, checkpoint_id=found.path, no_dist=True)
-    local = checkpoint.read_rank_file(found, 0)
-    state.update({f"model.{k}": v for k, v in local["dense"].items()})
+    state.update(dense)
     model.load_state_dict({k.removeprefix("model."): v for k, v in state.items()}, strict=True)
     return model.eval(), cfg

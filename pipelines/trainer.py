@@ -205,7 +205,11 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
     def _sharded_state(self) -> dict[str, Any]:
-        return {"model": self.dmp.state_dict(),
+        """What DCP saves and loads: the model without its dense replica (which every rank
+        keeps in its own file, since replicas may differ between syncs) and the fused
+        embedding optimizer's state; each tensor is saved once."""
+        dense = dense_parameters(self.dmp)
+        return {"model": {k: v for k, v in self.dmp.state_dict().items() if k not in dense},
                 "sparse_optimizer": self.dmp.fused_optimizer.state_dict()}
 
     def _local_state(self) -> dict[str, Any]:
@@ -308,10 +312,15 @@ class Trainer:
         except Exception as e:
             error = e
         self._agree_readable(found, error)
-        self.dmp.load_state_dict(sharded["model"])
+        dense = dense_parameters(self.dmp)
+        missing, unexpected = self.dmp.load_state_dict(sharded["model"], strict=False)
+        if not set(missing) <= set(dense) or unexpected:  # the dense replica comes from local
+            raise checkpoint.CheckpointMismatch(
+                f"checkpoint {found.path} does not fit this model: missing "
+                f"{sorted(set(missing) - set(dense))[:5]}, unexpected {sorted(unexpected)[:5]}")
         self.dmp.fused_optimizer.load_state_dict(sharded["sparse_optimizer"])
         with torch.no_grad():
-            for name, p in dense_parameters(self.dmp).items():
+            for name, p in dense.items():
                 p.copy_(local["dense"][name])
         for name, opt in self.optimizer.optimizers:
             if name != "sparse":

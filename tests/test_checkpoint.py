@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 
 from shadowsync.datasets import build_dataset
@@ -174,6 +175,9 @@ def test_shadow_resume_restores_the_checkpoint_exactly(tmp_path: Path) -> None:
     ckpt = tmp_path / "step_00000024"
     files = [torch.load(ckpt / f"rank_{r:05d}.pt", weights_only=True) for r in (0, 1)]
     _assert_equal(files[0]["dense"], files[1]["dense"], "the checkpoint's consensus")
+    in_dcp = dcp.FileSystemReader(str(ckpt)).read_metadata().state_dict_metadata
+    assert not {f"model.{k}" for k in files[0]["dense"]} & set(in_dcp)  # each tensor once
+    assert any(k.startswith("model.") for k in in_dcp)  # the tables are there
     _assert_equal(files[0]["sync"]["strategy"], files[1]["sync"]["strategy"], "strategy")
     assert files[0]["sync"]["counters"]["rounds"] > 0, files[0]["sync"]  # rounds ran
     for rank, (r, local) in enumerate(zip(results, files, strict=True)):
