@@ -205,7 +205,9 @@ class Heartbeat:
     kills the silent process after its grace).
 
     When a rank's training thread fails, :func:`attribute_failure` uses :meth:`silent_peers`
-    (about three beats) to blame a peer that was killed rather than claim the cause itself.
+    (about three beats) to blame a peer that was killed rather than claim the cause itself, and
+    first marks its own rank as failing, so that no peer takes it for silent once it exits; the
+    synchronizer's thread does the same check for its own failures (:func:`claim_failure`).
     Without torchrun the store lives in rank 0's process: a store silent for ``timeout_s``
     then names rank 0. A training thread hung in a live process is the collective timeout's
     to catch.
