@@ -123,15 +123,10 @@ def claim_failure(exc: BaseException) -> None:
     failure that a killed or stopped peer caused (its collective broke) names that peer, as in
     :func:`attribute_failure`."""
     store = _job_store("failure")
-    beat = _heartbeat
     try:
         if store is None or store.check(["first"]):
             return
-        silent = beat.silent_peers() if beat is not None else []
-        message = (_silent_message(silent, f"found by rank {_rank()} when its synchronizer "
-                                   f"failed with {type(exc).__name__}: {exc}")
-                   if silent else failure_message(exc))
-        _claim(store, message, silent[0] if silent else None)
+        _claim(store, *_cause(exc, "its synchronizer"))
     except RuntimeError:
         pass  # no store: torchrun's summary is left to name the rank
 
@@ -156,9 +151,8 @@ def attribute_failure(exc: BaseException) -> BaseException:
     A rank killed or stopped outright posts nothing: before claiming the cause, a rank asks
     the :class:`Heartbeat` whether every peer still lives, and names the one that does not.
     """
-    beat = _heartbeat
-    if beat is not None:
-        beat.mark_failing()  # alive and reporting: peers must not take this rank for silent
+    if _heartbeat is not None:
+        _heartbeat.mark_failing()  # alive and reporting: peers must not take this rank for silent
     store = _job_store("failure")
     if store is None:
         return exc
@@ -166,17 +160,25 @@ def attribute_failure(exc: BaseException) -> BaseException:
         if store.check(["first_rank"]) and store.get("first_rank").decode() == str(_rank()):
             return exc  # this rank posted it already (see claim_failure)
         if not is_consequence(exc) and not store.check(["first"]):
-            silent = beat.silent_peers() if beat is not None else []
-            first = (_silent_message(silent, f"found by rank {_rank()} when it failed with "
-                                     f"{type(exc).__name__}: {exc}")
-                     if silent else failure_message(exc))
-            if _claim(store, first, silent[0] if silent else None):
-                return PeerFailed(first) if silent else exc
+            first, blamed = _cause(exc, "it")
+            if _claim(store, first, blamed):
+                return PeerFailed(first) if blamed is not None else exc
         store.wait(["first"], timedelta(seconds=_STORE_TIMEOUT_S))
         first = store.get("first").decode()
     except RuntimeError:  # no post in time, or the store went away with the rank hosting it
         return exc
     return PeerFailed(f"{first} (then here: {type(exc).__name__}: {exc})")
+
+
+def _cause(exc: BaseException, who: str) -> tuple[str, int | None]:
+    """What this rank posts as the first failure for ``exc``, and the rank it blames (None:
+    this one): a peer the heartbeat finds silent, whose death ``exc`` then only shows, else
+    ``exc`` itself."""
+    silent = _heartbeat.silent_peers() if _heartbeat is not None else []
+    if not silent:
+        return failure_message(exc), None
+    return _silent_message(silent, f"found by rank {_rank()} when {who} failed with "
+                                   f"{type(exc).__name__}: {exc}"), silent[0]
 
 
 def _silent_message(ranks: list[int], how: str) -> str:
@@ -186,6 +188,16 @@ def _silent_message(ranks: list[int], how: str) -> str:
 
 
 _heartbeat: Heartbeat | None = None
+
+
+def _beats(store: dist.Store, rank: int) -> int:
+    """``rank``'s heartbeat counter."""
+    return int(store.add(f"alive/{rank}", 0))
+
+
+def _finished(store: dist.Store, rank: int) -> bool:
+    """Whether ``rank`` said it stops beating on purpose (done, or failing and reporting)."""
+    return bool(store.check([f"done/{rank}"]))
 
 
 class Heartbeat:
@@ -270,12 +282,6 @@ class Heartbeat:
         except RuntimeError:
             pass  # the store is gone: so is the job
 
-    def _count(self, rank: int) -> int:
-        return int(self.store.add(f"alive/{rank}", 0))
-
-    def _done(self, rank: int) -> bool:
-        return bool(self.store.check([f"done/{rank}"]))
-
     def silent_peers(self) -> list[int]:
         """The peers whose counter does not move within three beats and that did not finish
         (empty when the store cannot be reached: no one to blame)."""
@@ -283,17 +289,13 @@ class Heartbeat:
         store = _job_store("heartbeat")  # its own connection: any thread may ask
         if store is None:
             return []
-
-        def count(rank: int) -> int:
-            return int(store.add(f"alive/{rank}", 0))
-
         try:
-            seen = {r: count(r) for r in peers}
+            seen = {r: _beats(store, r) for r in peers}
             deadline = time.monotonic() + 3 * self.interval_s
             while peers and time.monotonic() < deadline:
                 time.sleep(self.interval_s / 4)
                 peers = [r for r in peers
-                         if count(r) == seen[r] and not store.check([f"done/{r}"])]
+                         if _beats(store, r) == seen[r] and not _finished(store, r)]
         except RuntimeError:
             return []
         return peers
@@ -306,10 +308,10 @@ class Heartbeat:
             now = time.monotonic()
             try:
                 self.store.add(f"alive/{self.rank}", 1)
-                count = self._count(peer)
+                count = _beats(self.store, peer)
                 if self.store.check(["silent"]):
                     self._die(self.store.get("silent").decode())
-                if count != seen or self._done(peer):
+                if count != seen or _finished(self.store, peer):
                     seen, moved = count, now
                 reached = now
             except RuntimeError:  # the store did not answer
