@@ -100,9 +100,10 @@ class TrainConfig:
     checkpoints): a rank that waits longer for a dead or stuck peer fails instead of hanging.
     It must cover the slowest gap between ranks, such as a checkpoint write. Every
     ``control_every_steps`` steps the ranks agree on stopping (SIGTERM reached any rank) and
-    on degrading a failed synchronizer, in one tiny allreduce on a gloo group of its own
-    (a small fraction of one step, paid once every ``control_every_steps``), and always before
-    a checkpoint, an evaluation and the end.
+    on degrading a failed synchronizer, in one tiny allreduce on a gloo group of its own that
+    runs in the background and is acted on at the next such step (so a stop takes effect
+    within ``2 * control_every_steps`` steps), and always, waiting for it, before a
+    checkpoint, an evaluation and the end.
 
     Every rank beats every ``heartbeat_s`` in the job's store; a peer process silent for
     ``heartbeat_timeout_s`` (killed, stopped, hung) ends the job naming it, however long

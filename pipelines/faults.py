@@ -371,10 +371,20 @@ class Control:
     def exchange(self, values: Sequence[float]) -> torch.Tensor:
         """Collective: every rank's ``values``, as a ``world_size x len(values)`` float64 table
         (exact for integers below 2**53, such as step numbers)."""
+        return self.start_exchange(values)()
+
+    def start_exchange(self, values: Sequence[float]) -> Callable[[], torch.Tensor]:
+        """Collective, without waiting: :meth:`exchange` in the background; call what it
+        returns for the table. Every rank must make its calls on this group in one order."""
         table = torch.zeros(self.world_size, len(values), dtype=torch.float64)
         table[self.rank] = torch.tensor([float(v) for v in values], dtype=table.dtype)
-        dist.all_reduce(table, group=self.group)
-        return table
+        work = dist.all_reduce(table, group=self.group, async_op=True)
+
+        def result() -> torch.Tensor:
+            work.wait()
+            return table
+
+        return result
 
     def failures(self, error: BaseException | None, describe: Callable[[BaseException], str],
                  ) -> list[str]:

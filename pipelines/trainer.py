@@ -10,12 +10,13 @@ import logging
 import math
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.profiler import record_function
 from torchrec.datasets.utils import Batch
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 from torchrec.metrics.metric_module import RecMetricModule, generate_metric_module
@@ -48,16 +49,53 @@ _TASK = RecTaskInfo(name="ctr", label_name="label", prediction_name="prediction"
                     weight_name="weight")
 
 
-def train_metric_module(cfg: RunConfig, env: DistEnv) -> RecMetricModule:
+class BatchedRecMetricModule(RecMetricModule):
+    """TorchRec's metric module, fed every ``flush_every`` steps instead of every step.
+
+    Each update of NE, AUC and calibration costs a few dozen small tensor ops and the window's
+    bookkeeping whatever the batch size, which on a CPU step is a measurable share of it. So the
+    rec metrics get the predictions of ``flush_every`` batches at once, through
+    ``_update_rec_metrics`` (the hook TorchRec leaves for this), while ``update()`` still ticks
+    the throughput metric every step. :meth:`compute` flushes first, so every metric covers
+    every example up to the current step; the window then moves in chunks of ``flush_every``
+    batches rather than one.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.flush_every = 1
+        self._pending: list[dict[str, torch.Tensor]] = []
+
+    def _update_rec_metrics(self, model_out: dict[str, torch.Tensor], **kwargs: Any) -> None:
+        if kwargs:
+            raise TypeError(f"unsupported metric inputs {sorted(kwargs)}")
+        self._pending.append(model_out)
+        if len(self._pending) >= self.flush_every:
+            self.flush()
+
+    def flush(self) -> None:
+        """Hands every buffered batch to the rec metrics in one update."""
+        if self._pending:
+            merged = {k: torch.cat([out[k] for out in self._pending]) for k in self._pending[0]}
+            self._pending.clear()
+            super()._update_rec_metrics(merged)
+
+    def compute(self) -> dict[str, Any]:
+        self.flush()
+        return super().compute()
+
+
+def train_metric_module(cfg: RunConfig, env: DistEnv) -> BatchedRecMetricModule:
     """TorchRec's metric module: NE, AUC and calibration over a window of recent examples, NE
-    and calibration over the whole run, and throughput; ``compute()`` reduces over all ranks."""
+    and calibration over the whole run, and throughput; ``compute()`` reduces over all ranks.
+    Updates go in chunks of up to 64 batches, a quarter of the window at most."""
     window = cfg.logging.window_examples
     metrics = {
         m: RecMetricDef(rec_tasks=[_TASK], window_size=window)
         for m in (RecMetricEnum.NE, RecMetricEnum.AUC, RecMetricEnum.CALIBRATION)
     }
-    return generate_metric_module(
-        RecMetricModule,
+    module = generate_metric_module(
+        BatchedRecMetricModule,
         MetricsConfig(rec_tasks=[_TASK], rec_metrics=metrics, throughput_metric=ThroughputDef(),
                       state_metrics=[]),
         batch_size=cfg.train.batch_size,
@@ -66,6 +104,10 @@ def train_metric_module(cfg: RunConfig, env: DistEnv) -> RecMetricModule:
         state_metrics_mapping={},
         device=env.device,
     )
+    assert isinstance(module, BatchedRecMetricModule)
+    local_window = math.ceil(window / env.world_size)
+    module.flush_every = max(1, min(64, local_window // (4 * cfg.train.batch_size)))
+    return module
 
 
 class Trainer:
@@ -119,6 +161,8 @@ class Trainer:
         self.epoch_step = 0
         self.last_saved = -1
         self.last_eval = 0  # the step of the last evaluation
+        # The periodic control exchange in flight: the step it was started after, its table.
+        self._control_pending: tuple[int, Callable[[], torch.Tensor]] | None = None
         self.history: list[dict[str, Any]] = []
         self.out_dir = Path(cfg.output_dir) if cfg.output_dir else None
         if self.out_dir is not None and env.rank == 0:
@@ -370,14 +414,32 @@ class Trainer:
         table = self.control.exchange(self.watch.first_steps())
         faults.raise_if_non_finite(table, faults.FiniteWatch.KINDS, self.env.rank, where)
 
-    def _agree_to_stop(self) -> bool:
+    def _agree_to_stop(self, now: bool = True) -> bool:
         """Collective: fails every rank if any went non-finite; degrades a failed synchronizer
         on every rank at once, and says whether SIGTERM reached any rank (then every rank stops
-        after this same step). One exchange carries all of it."""
-        table = self.control.exchange([faults.stop_requested(), self.wrapper.failed(),
-                                       *self.watch.first_steps()])
+        after this same step). One exchange carries all of it.
+
+        With ``now`` false (the periodic check) the exchange runs in the background, so no
+        step waits on it for the slowest rank: this call acts on the exchange the previous
+        check started, and starts the next. A checkpoint, an evaluation and the end call with
+        ``now`` (after acting on the one in flight), since they must not start on a rank that
+        another has given up on.
+        """
+        pending, self._control_pending = self._control_pending, None
+        if pending is not None:
+            started_after, result = pending
+            if self._act_on_control(started_after, result()):
+                return True
+        values = [faults.stop_requested(), self.wrapper.failed(), *self.watch.first_steps()]
+        if now:
+            return self._act_on_control(self.step, self.control.exchange(values))
+        self._control_pending = (self.step, self.control.start_exchange(values))
+        return False
+
+    def _act_on_control(self, step: int, table: torch.Tensor) -> bool:
+        """Acts on the control exchange made after ``step`` (see :meth:`_agree_to_stop`)."""
         faults.raise_if_non_finite(table[:, 2:], faults.FiniteWatch.KINDS, self.env.rank,
-                                   f"at the check after step {self.step}")
+                                   f"at the check after step {step}")
         stop, sync_failed = (table[:, i].nonzero().flatten().tolist() for i in (0, 1))
         if sync_failed:
             self.wrapper.degrade(sync_failed)
@@ -440,36 +502,42 @@ class Trainer:
                     loss, logits, labels = self.pipeline.progress(segment)
                 except StopIteration:
                     break
-                self.watch.observe(self.step + 1, loss)
-                seen = self.watch.poll()
+                with record_function("shadowsync.train.watch"):
+                    self.watch.observe(self.step + 1, loss)
+                    seen = self.watch.poll()
                 if seen is not None and seen[0]:  # this rank's loss: fail now (peers learn it
                     # from the job's failure report); gradients wait for the exchange, where
                     # the loss that made them non-finite (DDP spreads it) is named first
                     raise faults.NonFiniteValue(
                         f"{self.watch.local_message(self.env.rank, self.env.world_size, seen)}"
                         "; found on this rank at once")
-                self.wrapper.after_step()
+                with record_function("shadowsync.train.after_step"):
+                    self.wrapper.after_step()
                 self.step += 1
                 self.epoch_step += 1
                 steps_timed += 1
-                self.metrics.update({"prediction": torch.sigmoid(logits), "label": labels,
-                                     "weight": torch.ones_like(labels)})
-                loss_sum += loss.detach()
+                with record_function("shadowsync.train.metrics"):
+                    self.metrics.update({"prediction": torch.sigmoid(logits), "label": labels,
+                                         "weight": torch.ones_like(labels)})
+                    loss_sum += loss.detach()
                 loss_n += 1
                 bar.update(1)
                 if self.step % cfg.train.log_every == 0:
-                    self._check_finite(f"before the log of step {self.step}")
-                    record = self._train_record(float(loss_sum) / loss_n)
-                    bar.set_postfix(loss=f"{record['loss']:.4f}", ne=f"{record.get('ne', 0):.4f}",
-                                    ex_s=f"{record.get('examples_per_s', 0):,.0f}")
-                    self._log(record)
+                    with record_function("shadowsync.train.log"):
+                        self._check_finite(f"before the log of step {self.step}")
+                        record = self._train_record(float(loss_sum) / loss_n)
+                        bar.set_postfix(loss=f"{record['loss']:.4f}",
+                                        ne=f"{record.get('ne', 0):.4f}",
+                                        ex_s=f"{record.get('examples_per_s', 0):,.0f}")
+                        self._log(record)
                     loss_sum.zero_()
                     loss_n = 0
                 ckpt_due = every_ckpt is not None and self.step % every_ckpt == 0
                 # Agree before anything that pauses the synchronizer, so no rank pauses a
                 # runner that another rank has given up on.
                 if ckpt_due or self.step % cfg.train.control_every_steps == 0:
-                    preempted = self._agree_to_stop()
+                    with record_function("shadowsync.train.control"):
+                        preempted = self._agree_to_stop(now=ckpt_due)
                     if preempted:
                         break
                 if ckpt_due:

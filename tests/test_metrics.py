@@ -75,3 +75,42 @@ def test_gathered_and_torchrec_metrics_equal_direct_computation_over_all_ranks()
         for key, value in ref.items():
             assert abs(r["gathered"][key] - value) < 1e-6, key
     assert abs(results[0]["torchrec_ne"] - ref["ne"]) < 1e-4  # TorchRec reduces in float32
+
+
+def test_trainer_feeds_torchrecs_metrics_in_chunks_without_changing_them() -> None:
+    """The trainer's metric module hands batches to NE, AUC and calibration in chunks (cheaper
+    per step); computed at any step, every metric equals TorchRec's module fed batch by batch,
+    and a float64 reference over every example so far (the window covering all of them)."""
+    import torch.distributed as dist
+
+    from shadowsync.pipelines.build import DistEnv
+    from shadowsync.pipelines.config import load_config
+    from shadowsync.pipelines.trainer import train_metric_module
+
+    cfg = load_config("movielens_1m", ["train.batch_size=64", "logging.window_examples=5120"])
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        env = DistEnv(0, 1, 0, torch.device("cpu"), "gloo")
+        chunked = train_metric_module(cfg, env)
+        assert chunked.flush_every == 5120 // (4 * 64)  # a quarter of the window
+        stock = train_metric_module(cfg, env)
+        stock.flush_every = 1  # each update goes straight to TorchRec's: the stock behaviour
+        # Not a multiple of 20 batches; no ties (TorchRec's AUC does not count them half).
+        batches = [(logits + 1e-3 * torch.arange(64), labels)
+                   for logits, labels in (_sample(100 + i, 64) for i in range(33))]
+        for logits, labels in batches:
+            out = {"prediction": torch.sigmoid(logits), "label": labels,
+                   "weight": torch.ones_like(labels)}
+            chunked.update(out)
+            stock.update(out)
+        assert len(chunked._pending) == 33 % chunked.flush_every  # some still buffered
+        got, want = chunked.compute(), stock.compute()
+    finally:
+        dist.destroy_process_group()
+    ref = _reference(torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches]))
+    for key, value in {"ne-ctr|lifetime_ne": ref["ne"], "ne-ctr|window_ne": ref["ne"],
+                       "auc-ctr|window_auc": ref["auc"],
+                       "calibration-ctr|window_calibration": ref["calibration"]}.items():
+        assert abs(float(got[key]) - float(want[key])) < 1e-5, (key, got[key], want[key])
+        assert abs(float(got[key]) - value) < 1e-4, (key, float(got[key]), value)
+    assert float(got["throughput-throughput|total_examples"]) == 33 * 64

@@ -1,0 +1,194 @@
+"""Our training job against TorchRec's own loop, side by side in one job.
+
+Every ratio elsewhere is to our own ``none`` arm, so a cost of the loop itself (metrics, the
+finite-value watch, the control exchange, logging, the wrapper's hooks) would hide in both
+sides. This compares our training job (``shadowsync.pipelines.train.run``) with the loop of
+TorchRec's DLRM example (``torchrec/github/examples/dlrm/dlrm_main.py``'s ``_train``):
+``TrainPipelineSparseDist.progress`` and nothing else. Both sides get the same model, sharding
+plan, optimizers, seed, batch size and batches (``build_sharded_model``, ``build_optimizer``
+and the data set's ``train_batches`` of the same config), with TorchRec's
+``DefaultDataParallelWrapper`` (DDP) or with the dense part left unwrapped (DDP removed), and
+both are timed the same way: from the first batch pulled to the last step done.
+
+Arms, each pair compared run by run (same repeat, rotated order, untimed warm-up first)::
+
+    reference ddp   TorchRec's loop, DDP            <->  ours ddp   (sync.algorithm=ddp)
+    reference local TorchRec's loop, no DDP         <->  ours none  (sync.algorithm=none)
+
+Ours runs with the preset's logging and control settings (every feature on), evaluation and
+checkpoints off (the reference's timed loop has neither). Run on 2 CPU ranks::
+
+    .venv/bin/torchrun --nproc_per_node 2 benchmarks/bench_loop.py --config movielens_1m \\
+        --steps 600 --repeats 5
+
+``--profile DIR`` instead runs each loop once under ``torch.profiler`` and prints where the
+time of a step goes, by ``record_function`` label (the trainer's ``## shadowsync ... ##``
+phases and TorchRec's pipeline stages).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import io
+import itertools
+import json
+import logging
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+from torchrec.distributed.model_parallel import DefaultDataParallelWrapper
+from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+
+from shadowsync.datasets import build_dataset
+from shadowsync.pipelines import train
+from shadowsync.pipelines.build import (
+    DistEnv,
+    build_optimizer,
+    build_sharded_model,
+    init_distributed,
+)
+from shadowsync.pipelines.config import RunConfig, load_config
+from shadowsync.sync.wrapper import LocalReplicas
+
+PAIRS = {"ours ddp": "reference ddp", "ours none": "reference local"}
+ARMS = ["reference ddp", "ours ddp", "reference local", "ours none"]
+
+
+def _config(preset: str, arm: str, steps: int, overrides: list[str]) -> RunConfig:
+    algorithm = "ddp" if arm.endswith("ddp") else "none"
+    return load_config(preset, [*overrides, f"sync.algorithm={algorithm}", f"train.steps={steps}",
+                                "eval.every_steps=null", "checkpoint.dir=null",
+                                "logging.progress_bar=false"])
+
+
+def reference_loop(cfg: RunConfig, env: DistEnv) -> float:
+    """TorchRec's DLRM example loop for ``train.steps`` steps; returns examples/s."""
+    dataset = build_dataset(cfg.data.name, **cfg.data.options)
+    wrapper = DefaultDataParallelWrapper() if cfg.sync.algorithm == "ddp" else LocalReplicas()
+    dmp, _ = build_sharded_model(cfg, dataset.spec, env, wrapper)
+    pipeline = TrainPipelineSparseDist(dmp, build_optimizer(cfg, dmp), env.device)
+    steps = cfg.train.steps
+    assert steps is not None
+    batches = itertools.islice(
+        dataset.train_batches(cfg.train.batch_size, env.rank, env.world_size, 0), steps)
+    dmp.train()
+    dist.barrier()
+    began = time.perf_counter()
+    done = 0
+    while True:
+        try:
+            pipeline.progress(batches)
+        except StopIteration:
+            break
+        done += 1
+    seconds = time.perf_counter() - began
+    if done != steps:
+        raise RuntimeError(f"the reference loop ran {done} steps, not {steps}: too few batches")
+    return cfg.train.batch_size * env.world_size * done / seconds
+
+
+def our_loop(cfg: RunConfig, env: DistEnv) -> float:
+    """Our training job as ``python -m shadowsync.pipelines.train`` runs it (heartbeat,
+    console, metrics, control exchange, summary) for ``train.steps`` steps; returns its
+    examples/s, timed as the reference's. Its summary table is not printed."""
+    dataset = build_dataset(cfg.data.name, **cfg.data.options)
+    dist.barrier()
+    with contextlib.redirect_stdout(io.StringIO()):
+        summary = train.run(cfg, dataset)
+    if summary["step"] != cfg.train.steps:
+        raise RuntimeError(f"our loop ran {summary['step']} steps, not {cfg.train.steps}")
+    return float(summary["examples_per_s"])
+
+
+def run(arm: str, preset: str, steps: int, overrides: list[str], env: DistEnv) -> float:
+    cfg = _config(preset, arm, steps, overrides)
+    return (reference_loop if arm.startswith("reference") else our_loop)(cfg, env)
+
+
+def profile(preset: str, steps: int, overrides: list[str], env: DistEnv, out: Path) -> str:
+    """Each loop once under ``torch.profiler`` (CPU); a table of CPU time per step by label."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    per_arm: dict[str, dict[str, float]] = {}
+    for arm in ARMS:
+        run(arm, preset, 50, overrides, env)  # warm-up
+        with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+            run(arm, preset, steps, overrides, env)
+        if env.rank == 0:
+            out.mkdir(parents=True, exist_ok=True)
+            prof.export_chrome_trace(str(out / f"{arm.replace(' ', '_')}.json"))
+        totals: dict[str, float] = collections.defaultdict(float)
+        for e in prof.key_averages():
+            if e.key.startswith(("## ", "shadowsync.")):  # TorchRec numbers some by batch
+                totals[re.sub(r" \d+ ##$", " ##", e.key)] += e.cpu_time_total / steps / 1e3
+        per_arm[arm] = totals
+    top = 20
+    labels = sorted({k for t in per_arm.values() for k in t},
+                    key=lambda k: -max(t.get(k, 0.0) for t in per_arm.values()))
+    lines = ["| label (CPU ms per step, inclusive) | " + " | ".join(ARMS) + " |",
+             "|---|" + "---:|" * len(ARMS)]
+    for k in labels[:top]:
+        lines.append(f"| `{k}` | " + " | ".join(
+            f"{per_arm[a][k]:.3f}" if k in per_arm[a] else "-" for a in ARMS) + " |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default="movielens_1m", help="preset or YAML file")
+    parser.add_argument("--steps", type=int, default=600, help="timed steps per run")
+    parser.add_argument("--repeats", type=int, default=5, help="runs of each arm, rotated")
+    parser.add_argument("--json", type=Path, help="also write every run as JSON here (rank 0)")
+    parser.add_argument("--profile", type=Path, metavar="DIR",
+                        help="profile each loop once instead; traces go to DIR")
+    parser.add_argument("overrides", nargs="*", help="overrides for every arm")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING, force=True)
+    env = init_distributed(300.0)
+    if args.profile:
+        text = profile(args.config, args.steps, args.overrides, env, args.profile)
+        if env.rank == 0:
+            print(text)
+        dist.destroy_process_group()
+        return 0
+    run(ARMS[1], args.config, 50, args.overrides, env)  # untimed: one-time costs of a process
+    rows: list[dict[str, Any]] = []
+    for rep in range(args.repeats):
+        shift = rep % len(ARMS)
+        for arm in ARMS[shift:] + ARMS[:shift]:
+            rate = run(arm, args.config, args.steps, args.overrides, env)
+            rows.append({"arm": arm, "repeat": rep, "examples_per_s": rate})
+            if env.rank == 0:
+                print(f"repeat {rep} {arm}: {rate:,.0f} examples/s", flush=True)
+    if env.rank == 0:
+        rate = {(r["arm"], r["repeat"]): r["examples_per_s"] for r in rows}
+        print(f"\n{env.world_size} ranks on {env.device}, config {args.config} "
+              f"{' '.join(args.overrides)}; {args.steps} steps, {args.repeats} repeats\n")
+        print("| arm | examples/s (median) | ratio to its reference, median [min, max] |")
+        print("|---|---:|---:|")
+        for arm in ARMS:
+            median = statistics.median(rate[arm, r] for r in range(args.repeats))
+            line = f"| {arm} | {median:,.0f} |"
+            if arm in PAIRS:
+                ratios = [rate[arm, r] / rate[PAIRS[arm], r] for r in range(args.repeats)]
+                line += (f" {statistics.median(ratios):.3f} "
+                         f"[{min(ratios):.3f}, {max(ratios):.3f}] |")
+            else:
+                line += " - |"
+            print(line)
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=1))
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
