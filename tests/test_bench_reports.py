@@ -36,3 +36,21 @@ def test_ratio_spread_pairs_each_run_with_nones_run_and_goals_use_it() -> None:
     assert "[0.900, 0.990]" in bench.table(list(arms.values()))
     (line,) = [g for g in paper.goals(list(arms.values())) if g.startswith("- S-MA keeps")]
     assert "0.990" in line and line.endswith("NOT met."), line  # the median clears, a run not
+
+
+def test_verdicts_call_a_difference_only_beyond_three_sd() -> None:
+    bench, paper = _load("bench_sync"), _load("paper")
+    ne = {"none": [0.900, 0.902, 0.898], "ddp": [0.840, 0.842, 0.838],
+          "FR-MA k=10": [0.842, 0.846, 0.838], "S-MA": [0.846, 0.848, 0.844]}
+    gaps = {"FR-MA k=1": 1.0, "FR-MA k=10": 9.8, "S-MA": 4.0}
+    ne["FR-MA k=1"] = ne["ddp"]
+    rows = [{**_row(arm, seed, 100.0), "eval_ne": v, "sync_sync_gap_mean": gaps.get(arm, 1.0)}
+            for arm, values in ne.items() for seed, v in enumerate(values)]
+    assert paper.compare(rows, "none", "ddp")[2] == "worse by 30.0 sd"
+    # S-MA - ddp = 0.006 = 3 sd exactly: not beyond the bar; FR-MA's sd is the larger one there
+    assert paper.compare(rows, "S-MA", "ddp")[2] == "equal within 3 sd (3.0 sd)"
+    assert paper.compare(rows, "S-MA", "FR-MA k=10")[2] == "equal within 3 sd (1.0 sd)"
+    lines = paper.verdicts(bench.aggregate(rows), rows, {"MA": "no hyper-parameter"})
+    assert lines[0] == "- **The bar:** none - ddp = +0.0600 NE: none is worse by 30.0 sd."
+    (s_ma,) = [line for line in lines if line.startswith("- **S-MA**")]
+    assert "vs its FR twin of closest sync gap (FR-MA k=10, gap 9.8)" in s_ma  # 4 is nearer 1

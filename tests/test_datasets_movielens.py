@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from shadowsync.datasets import MovieLens1M, build_dataset
-from shadowsync.datasets.movielens import NUM_RATINGS, locate_ml1m
+from shadowsync.datasets.movielens import NUM_RATINGS, locate_ml1m, user_rank
 from shadowsync.models import DLRMConfig, build_model
 
 
@@ -82,6 +82,52 @@ def test_ranks_read_disjoint_complete_shares(ml: MovieLens1M) -> None:
         else:  # evaluation scores every row: one shorter last batch per rank
             assert len(whole) == ml.num_rows(split) == 100_020
             assert abs(len(shares[0]) - len(shares[1])) <= 1
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_user_split_gives_each_user_one_rank(shuffle: bool) -> None:
+    """``rank_split: user``: every user's ratings on one rank, each read at most once, the
+    ranks in lock-step, and what is not read is exactly what ``stats`` counts."""
+    ds = build_dataset("movielens_1m", rank_split="user", shuffle=shuffle, seed=3)
+    assert isinstance(ds, MovieLens1M)
+    world, batch = 4, 4096
+    train = ds.data.one_hot[: ds.split_at]
+    keys = train[:, 0] * 10_000 + train[:, 1]  # a rating is one (user, item) pair
+    by_key = np.argsort(keys)
+    owner = user_rank(train[:, 0], world)
+    read = []
+    for rank in range(world):
+        batches = list(ds.train_batches(batch, rank, world))
+        assert len(batches) == int(np.bincount(owner).min()) // batch  # lock-step
+        assert all(len(b.labels) == batch for b in batches)
+        users = torch.cat([b.sparse_features["user"].values() for b in batches])
+        items = torch.cat([b.sparse_features["item"].values() for b in batches])
+        rows = by_key[np.searchsorted(keys[by_key], (users * 10_000 + items).numpy())]
+        assert (owner[rows] == rank).all()  # only this rank's users
+        labels = torch.cat([b.labels for b in batches]).numpy()
+        assert np.array_equal(labels, ds.data.labels[rows])  # features and labels stay paired
+        if not shuffle:  # the rank's first rows, in time order
+            assert np.array_equal(rows, np.flatnonzero(owner == rank)[: len(rows)])
+        read.append(rows)
+    everything = np.concatenate(read)
+    assert len(np.unique(everything)) == len(everything)  # nothing read twice
+    assert len(everything) + ds.stats["train"]["unread_tail_rows"] // world == len(train)
+    assert len(everything) > 0.96 * len(train)  # the hash's imbalance, whole batches
+
+
+def test_user_split_leaves_eval_alone(ml: MovieLens1M) -> None:
+    split = build_dataset("movielens_1m", rank_split="user")
+    for rank in (0, 2):
+        for a, b in zip(ml.eval_batches(8192, rank, 4), split.eval_batches(8192, rank, 4),
+                        strict=True):
+            assert torch.equal(a.dense_features, b.dense_features)
+            assert torch.equal(a.sparse_features.values(), b.sparse_features.values())
+
+
+def test_unknown_rank_split_is_named() -> None:
+    with pytest.raises(ValueError, match=r"data.options.rank_split must be one of \['window', "
+                       r"'user'\], got 'region'"):
+        build_dataset("movielens_1m", rank_split="region")
 
 
 EVAL_STEPS = {  # (world, batch) -> full steps, the last step's rows per rank (100,020 rows)
