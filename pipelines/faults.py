@@ -22,6 +22,7 @@ code  meaning
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import socket
@@ -422,8 +423,9 @@ class FiniteWatch:
 
     :meth:`observe` queues one fused norm over the gradients and the loss
     (``_foreach_norm``; NaN and inf propagate, and so does a gradient too large to square in
-    float32, |g| > 1.8e19, which would turn Adagrad's or Adam's state inf) and four small ops:
-    a per-tensor loop on CPU, a few kernel launches on a GPU. :meth:`poll` returns
+    float32, |g| > 1.8e19, which would turn Adagrad's or Adam's state inf); on a GPU four
+    small ops record the step on the device, on CPU the norms are read at once (fewer ops
+    than recording them, and nothing to wait for). :meth:`poll` returns
     what is known without waiting: on CPU the current values (there is no device to wait
     for); on a GPU those of an earlier step, copied to pinned memory asynchronously and read
     once the copy's event has completed. :meth:`first_steps` reads the current values (a
@@ -448,8 +450,14 @@ class FiniteWatch:
         """Records ``step`` for what is non-finite now, unless it was already recorded."""
         tensors = [self._none if p.grad is None else p.grad for p in self.params]
         tensors.append(loss.detach().reshape(1))
-        bad = torch.stack(torch._foreach_norm(tensors, 2)).isfinite().logical_not_()
-        self._first.masked_fill_(bad.logical_and_(self._first == 0), step)
+        norms = torch.stack(torch._foreach_norm(tensors, 2))
+        if self._async:
+            bad = norms.isfinite().logical_not_()
+            self._first.masked_fill_(bad.logical_and_(self._first == 0), step)
+            return
+        for i, norm in enumerate(norms.tolist()):  # on CPU: nothing to wait for
+            if not math.isfinite(norm) and not self._first[i]:
+                self._first[i] = step
 
     def _kinds(self, first: list[int]) -> list[int]:
         grads = [s for s in first[:-1] if s > 0]

@@ -25,7 +25,6 @@ from torchrec.metrics.metrics_config import (
     RecMetricDef,
     RecMetricEnum,
     RecTaskInfo,
-    ThroughputDef,
 )
 from tqdm import tqdm
 
@@ -53,12 +52,13 @@ class BatchedRecMetricModule(RecMetricModule):
     """TorchRec's metric module, fed every ``flush_every`` steps instead of every step.
 
     Each update of NE, AUC and calibration costs a few dozen small tensor ops and the window's
-    bookkeeping whatever the batch size, which on a CPU step is a measurable share of it. So the
-    rec metrics get the predictions of ``flush_every`` batches at once, through
-    ``_update_rec_metrics`` (the hook TorchRec leaves for this), while ``update()`` still ticks
-    the throughput metric every step. :meth:`compute` flushes first, so every metric covers
-    every example up to the current step; the window then moves in chunks of ``flush_every``
-    batches rather than one.
+    bookkeeping whatever the batch size, a measurable share of a CPU step; so the rec metrics
+    get the predictions of ``flush_every`` batches at once, through ``_update_rec_metrics``
+    (the hook TorchRec leaves for this). TorchRec's own ``fused_update_limit`` does the same
+    per metric, but still parses and dispatches every batch to every metric: it measured
+    several times the per-step cost of this one list append (``benchmarks/bench_loop.py``).
+    :meth:`compute` flushes first, so every metric covers every example up to the current
+    step; the window then moves in chunks of ``flush_every`` batches rather than one.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -87,8 +87,12 @@ class BatchedRecMetricModule(RecMetricModule):
 
 def train_metric_module(cfg: RunConfig, env: DistEnv) -> BatchedRecMetricModule:
     """TorchRec's metric module: NE, AUC and calibration over a window of recent examples, NE
-    and calibration over the whole run, and throughput; ``compute()`` reduces over all ranks.
-    Updates go in chunks of up to 64 batches, a quarter of the window at most."""
+    and calibration over the whole run; ``compute()`` reduces over all ranks.
+
+    Updates go in chunks of up to 64 batches, half the window at most. The training loop
+    counts examples and time itself rather than through TorchRec's throughput metric, whose
+    per-step update costs tensor arithmetic for two numbers per record.
+    """
     window = cfg.logging.window_examples
     metrics = {
         m: RecMetricDef(rec_tasks=[_TASK], window_size=window)
@@ -96,8 +100,7 @@ def train_metric_module(cfg: RunConfig, env: DistEnv) -> BatchedRecMetricModule:
     }
     module = generate_metric_module(
         BatchedRecMetricModule,
-        MetricsConfig(rec_tasks=[_TASK], rec_metrics=metrics, throughput_metric=ThroughputDef(),
-                      state_metrics=[]),
+        MetricsConfig(rec_tasks=[_TASK], rec_metrics=metrics, state_metrics=[]),
         batch_size=cfg.train.batch_size,
         world_size=env.world_size,
         my_rank=env.rank,
@@ -106,7 +109,7 @@ def train_metric_module(cfg: RunConfig, env: DistEnv) -> BatchedRecMetricModule:
     )
     assert isinstance(module, BatchedRecMetricModule)
     local_window = math.ceil(window / env.world_size)
-    module.flush_every = max(1, min(64, local_window // (4 * cfg.train.batch_size)))
+    module.flush_every = max(1, min(64, local_window // (2 * cfg.train.batch_size)))
     return module
 
 
@@ -161,6 +164,7 @@ class Trainer:
         self.epoch_step = 0
         self.last_saved = -1
         self.last_eval = 0  # the step of the last evaluation
+        self._last_record = (time.perf_counter(), 0)  # when, and after which step
         # The periodic control exchange in flight: the step it was started after, its table.
         self._control_pending: tuple[int, Callable[[], torch.Tensor]] | None = None
         self.history: list[dict[str, Any]] = []
@@ -196,17 +200,23 @@ class Trainer:
                     f.write(json.dumps({**record, "time": round(time.time(), 3)}) + "\n")
 
     def _train_record(self, loss: float) -> dict[str, Any]:
-        """Collective: TorchRec's metric module reduces its state over all ranks."""
+        """Collective: TorchRec's metric module reduces its state over all ranks. Examples/s
+        is over the steps since the previous record, ``examples`` counts from step 0."""
         computed = self.metrics.compute()
         names = {
             "ne-ctr|window_ne": "ne",
             "ne-ctr|lifetime_ne": "lifetime_ne",
             "auc-ctr|window_auc": "auc",
             "calibration-ctr|window_calibration": "calibration",
-            "throughput-throughput|window_throughput": "examples_per_s",
-            "throughput-throughput|total_examples": "examples",
         }
-        record: dict[str, Any] = {"step": self.step, "loss": loss}
+        per_step = self.cfg.train.batch_size * self.env.world_size
+        now = time.perf_counter()
+        since, steps_before = self._last_record
+        self._last_record = (now, self.step)
+        record: dict[str, Any] = {"step": self.step, "loss": loss,
+                                  "examples_per_s": (self.step - steps_before) * per_step
+                                  / max(now - since, 1e-9),
+                                  "examples": self.step * per_step}
         record.update({short: float(computed[k]) for k, short in names.items() if k in computed})
         record.update({f"sync_{k}": v for k, v in self.wrapper.stats().items()})
         return record
@@ -489,6 +499,7 @@ class Trainer:
         bar = tqdm(total=self.console.total_steps, initial=self.step, disable=not show_bar,
                    unit="step", dynamic_ncols=True)
         self.console.start(self.step, progress_lines=not show_bar)
+        self._last_record = (time.perf_counter(), self.step)
         self.dmp.train()
         train_time = 0.0
         steps_timed = 0

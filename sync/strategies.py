@@ -237,9 +237,10 @@ class ElasticAveraging(SyncStrategy):
         c   <- c + sum_k d_k              (the allreduce)
 
     The center lives on every rank instead of a parameter server; it only ever changes by the
-    reduced sum, so it is bit-identical everywhere. The paper's stability condition for the
-    synchronous scheme is ``beta = W * alpha`` small enough; ``alpha`` is only checked to be in
-    (0, 1] here.
+    reduced sum, so it is bit-identical everywhere. The center moves by ``beta = W * alpha``
+    of its distance to the replicas' mean each round (the paper's moving rate, Sec. 3), so
+    ``W * alpha > 1`` overshoots the mean and the replicas follow it apart (a run at W = 4 and
+    alpha 0.5 went non-finite); :meth:`init` refuses it, naming the largest alpha that fits.
 
     Consensus (end of training) sets every replica *and* the center to the replicas' average,
     rather than to the center: the center lags the workers by design (it is a moving average of
@@ -257,6 +258,13 @@ class ElasticAveraging(SyncStrategy):
         return cls(alpha=cfg.alpha, wire_dtype=getattr(torch, cfg.wire_dtype))
 
     def _init_state(self, params: Tensor) -> None:
+        if self.alpha * self._world_size > 1:
+            raise ValueError(
+                f"alpha {self.alpha} with {self._world_size} replicas moves EASGD's center by "
+                f"beta = replicas * alpha = {self.alpha * self._world_size:g} of its distance "
+                f"to their mean each round, past it (beta must be <= 1; Zhang et al. 2015 use "
+                f"0.9): set sync.alpha <= {1 / self._world_size:.4g}, e.g. "
+                f"{0.9 / self._world_size:.4g}")
         self.center = params.detach().clone()
 
     def _tensors(self) -> dict[str, Tensor]:
