@@ -10,7 +10,8 @@ and the data set's ``train_batches`` of the same config), with TorchRec's
 ``DefaultDataParallelWrapper`` (DDP) or with the dense part left unwrapped (DDP removed), and
 both are timed the same way: from the first batch pulled to the last step done.
 
-Arms, each pair compared run by run (same repeat, rotated order, untimed warm-up first)::
+Arms, each pair compared run by run (adjacent runs, orders alternating over repeats, an
+untimed warm-up first)::
 
     reference ddp   TorchRec's loop, DDP            <->  ours ddp   (sync.algorithm=ddp)
     reference local TorchRec's loop, no DDP         <->  ours none  (sync.algorithm=none)
@@ -107,6 +108,17 @@ def our_loop(cfg: RunConfig, env: DistEnv) -> float:
     return float(summary["examples_per_s"])
 
 
+def order(rep: int) -> list[str]:
+    """The arms of repeat ``rep``: each of ours right before or after its reference (the
+    machine's speed drifts over minutes on shared cores), which pair first and which of a
+    pair first alternating over repeats, so neither side is always first."""
+    pairs = [("reference ddp", "ours ddp"), ("reference local", "ours none")]
+    if rep % 2:
+        pairs.reverse()
+    flip = (rep // 2) % 2 == 1
+    return [arm for pair in pairs for arm in (pair[::-1] if flip else pair)]
+
+
 def run(arm: str, preset: str, steps: int, overrides: list[str], env: DistEnv) -> float:
     cfg = _config(preset, arm, steps, overrides)
     return (reference_loop if arm.startswith("reference") else our_loop)(cfg, env)
@@ -162,8 +174,7 @@ def main() -> int:
     run(ARMS[1], args.config, 50, args.overrides, env)  # untimed: one-time costs of a process
     rows: list[dict[str, Any]] = []
     for rep in range(args.repeats):
-        shift = rep % len(ARMS)
-        for arm in ARMS[shift:] + ARMS[:shift]:
+        for arm in order(rep):
             rate = run(arm, args.config, args.steps, args.overrides, env)
             rows.append({"arm": arm, "repeat": rep, "examples_per_s": rate})
             if env.rank == 0:
