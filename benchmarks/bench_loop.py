@@ -17,7 +17,11 @@ untimed warm-up first)::
     reference local TorchRec's loop, no DDP         <->  ours none  (sync.algorithm=none)
 
 Ours runs with the preset's logging and control settings (every feature on), evaluation and
-checkpoints off (the reference's timed loop has neither). Run on 2 CPU ranks::
+checkpoints off (the reference's timed loop has neither). Besides examples/s, each run reports
+the loop's own time per step: its wall time minus the time inside
+``TrainPipelineSparseDist.progress``, which does the same work on both sides. On shared cores
+the ratio of examples/s drifts by several percent between runs; the own time is the cost of
+the loop itself, measured within one run. Run on 2 CPU ranks::
 
     .venv/bin/torchrun --nproc_per_node 2 benchmarks/bench_loop.py --config movielens_1m \\
         --steps 600 --repeats 5
@@ -40,6 +44,7 @@ import re
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +72,30 @@ def _config(preset: str, arm: str, steps: int, overrides: list[str]) -> RunConfi
     return load_config(preset, [*overrides, f"sync.algorithm={algorithm}", f"train.steps={steps}",
                                 "eval.every_steps=null", "checkpoint.dir=null",
                                 "logging.progress_bar=false"])
+
+
+@contextlib.contextmanager
+def pipeline_time() -> Iterator[list[float]]:
+    """Seconds spent inside ``TrainPipelineSparseDist.progress`` on training batches while in
+    the block (not our final evaluation's, which is outside the timed loop): the rest of a
+    loop's time is the loop's own (what the pipeline does is the same on both sides)."""
+    spent = [0.0]
+    progress = TrainPipelineSparseDist.progress
+
+    def timed(self: TrainPipelineSparseDist, batches: Iterator[Any]) -> Any:
+        if not self._model.training:
+            return progress(self, batches)
+        began = time.perf_counter()
+        try:
+            return progress(self, batches)
+        finally:
+            spent[0] += time.perf_counter() - began
+
+    TrainPipelineSparseDist.progress = timed
+    try:
+        yield spent
+    finally:
+        TrainPipelineSparseDist.progress = progress
 
 
 def reference_loop(cfg: RunConfig, env: DistEnv) -> float:
@@ -119,9 +148,37 @@ def order(rep: int) -> list[str]:
     return [arm for pair in pairs for arm in (pair[::-1] if flip else pair)]
 
 
-def run(arm: str, preset: str, steps: int, overrides: list[str], env: DistEnv) -> float:
+def run(arm: str, preset: str, steps: int, overrides: list[str], env: DistEnv,
+        ) -> dict[str, float]:
+    """One run: examples/s, and the loop's own milliseconds per step (outside the pipeline)."""
     cfg = _config(preset, arm, steps, overrides)
-    return (reference_loop if arm.startswith("reference") else our_loop)(cfg, env)
+    with pipeline_time() as inside:
+        rate = (reference_loop if arm.startswith("reference") else our_loop)(cfg, env)
+    seconds = steps * cfg.train.batch_size * env.world_size / rate
+    return {"examples_per_s": rate, "own_ms_per_step": (seconds - inside[0]) * 1e3 / steps,
+            "ms_per_step": seconds * 1e3 / steps}
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """Per arm: median examples/s; ours against its reference run by run (same repeat); the
+    loop's own time per step outside TorchRec's pipeline, and its share of the step."""
+    def spread(values: list[float], digits: int) -> str:
+        return (f"{statistics.median(values):.{digits}f} "
+                f"[{min(values):.{digits}f}, {max(values):.{digits}f}]")
+
+    by = {(r["arm"], r["repeat"]): r for r in rows}
+    repeats = sorted({r["repeat"] for r in rows})
+    lines = ["| arm | examples/s | ratio to its reference, median [min, max] | own ms/step, "
+             "median [min, max] | own share of the step |", "|---|---:|---:|---:|---:|"]
+    for arm in ARMS:
+        mine = [by[arm, r] for r in repeats]
+        ratio = (spread([by[arm, r]["examples_per_s"] / by[PAIRS[arm], r]["examples_per_s"]
+                         for r in repeats], 3) if arm in PAIRS else "-")
+        share = statistics.median(m["own_ms_per_step"] / m["ms_per_step"] for m in mine)
+        lines.append(f"| {arm} | {statistics.median(m['examples_per_s'] for m in mine):,.0f} | "
+                     f"{ratio} | {spread([m['own_ms_per_step'] for m in mine], 3)} | "
+                     f"{share:.1%} |")
+    return "\n".join(lines)
 
 
 def profile(preset: str, steps: int, overrides: list[str], env: DistEnv, out: Path) -> str:
@@ -175,26 +232,16 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     for rep in range(args.repeats):
         for arm in order(rep):
-            rate = run(arm, args.config, args.steps, args.overrides, env)
-            rows.append({"arm": arm, "repeat": rep, "examples_per_s": rate})
+            row = run(arm, args.config, args.steps, args.overrides, env)
+            rows.append({"arm": arm, "repeat": rep, **row})
             if env.rank == 0:
-                print(f"repeat {rep} {arm}: {rate:,.0f} examples/s", flush=True)
+                print(f"repeat {rep} {arm}: {row['examples_per_s']:,.0f} examples/s, own "
+                      f"{row['own_ms_per_step']:.3f} of {row['ms_per_step']:.2f} ms/step",
+                      flush=True)
     if env.rank == 0:
-        rate = {(r["arm"], r["repeat"]): r["examples_per_s"] for r in rows}
         print(f"\n{env.world_size} ranks on {env.device}, config {args.config} "
               f"{' '.join(args.overrides)}; {args.steps} steps, {args.repeats} repeats\n")
-        print("| arm | examples/s (median) | ratio to its reference, median [min, max] |")
-        print("|---|---:|---:|")
-        for arm in ARMS:
-            median = statistics.median(rate[arm, r] for r in range(args.repeats))
-            line = f"| {arm} | {median:,.0f} |"
-            if arm in PAIRS:
-                ratios = [rate[arm, r] / rate[PAIRS[arm], r] for r in range(args.repeats)]
-                line += (f" {statistics.median(ratios):.3f} "
-                         f"[{min(ratios):.3f}, {max(ratios):.3f}] |")
-            else:
-                line += " - |"
-            print(line)
+        print(table(rows))
         if args.json:
             args.json.write_text(json.dumps(rows, indent=1))
     dist.destroy_process_group()

@@ -52,33 +52,34 @@ class BatchedRecMetricModule(RecMetricModule):
     """TorchRec's metric module, fed every ``flush_every`` steps instead of every step.
 
     Each update of NE, AUC and calibration costs a few dozen small tensor ops and the window's
-    bookkeeping whatever the batch size, a measurable share of a CPU step; so the rec metrics
-    get the predictions of ``flush_every`` batches at once, through ``_update_rec_metrics``
-    (the hook TorchRec leaves for this). TorchRec's own ``fused_update_limit`` does the same
-    per metric, but still parses and dispatches every batch to every metric: it measured
-    several times the per-step cost of this one list append (``benchmarks/bench_loop.py``).
-    :meth:`compute` flushes first, so every metric covers every example up to the current
-    step; the window then moves in chunks of ``flush_every`` batches rather than one.
+    bookkeeping whatever the batch size, a measurable share of a CPU step; so :meth:`add` only
+    keeps a batch's logits and labels, and every ``flush_every`` batches one ``update()`` gets
+    all of them. TorchRec's own ``fused_update_limit`` does the same per metric, but still
+    parses and dispatches every batch to every metric: several times the per-step cost of
+    this list append (measured with ``benchmarks/bench_loop.py``). :meth:`compute` flushes
+    first, so every metric covers every example up to the current step; the window then
+    moves in chunks of ``flush_every`` batches rather than one.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.flush_every = 1
-        self._pending: list[dict[str, torch.Tensor]] = []
+        self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
 
-    def _update_rec_metrics(self, model_out: dict[str, torch.Tensor], **kwargs: Any) -> None:
-        if kwargs:
-            raise TypeError(f"unsupported metric inputs {sorted(kwargs)}")
-        self._pending.append(model_out)
+    def add(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
+        """One training batch's logits and labels."""
+        self._pending.append((logits.detach(), labels))
         if len(self._pending) >= self.flush_every:
             self.flush()
 
     def flush(self) -> None:
-        """Hands every buffered batch to the rec metrics in one update."""
+        """Hands every kept batch to the metrics in one update."""
         if self._pending:
-            merged = {k: torch.cat([out[k] for out in self._pending]) for k in self._pending[0]}
+            logits = torch.cat([lg for lg, _ in self._pending])
+            labels = torch.cat([lb for _, lb in self._pending])
             self._pending.clear()
-            super()._update_rec_metrics(merged)
+            self.update({"prediction": torch.sigmoid(logits), "label": labels,
+                         "weight": torch.ones_like(labels)})
 
     def compute(self) -> dict[str, Any]:
         self.flush()
@@ -528,8 +529,7 @@ class Trainer:
                 self.epoch_step += 1
                 steps_timed += 1
                 with record_function("shadowsync.train.metrics"):
-                    self.metrics.update({"prediction": torch.sigmoid(logits), "label": labels,
-                                         "weight": torch.ones_like(labels)})
+                    self.metrics.add(logits, labels)
                     loss_sum += loss.detach()
                 loss_n += 1
                 bar.update(1)

@@ -106,10 +106,9 @@ def test_trainer_feeds_torchrecs_metrics_in_chunks_without_changing_them() -> No
         batches = [(logits + 1e-3 * torch.arange(64), labels)
                    for logits, labels in (_sample(100 + i, 64) for i in range(33))]
         for logits, labels in batches:
-            out = {"prediction": torch.sigmoid(logits), "label": labels,
-                   "weight": torch.ones_like(labels)}
-            chunked.update(out)
-            stock.update(out)
+            chunked.add(logits, labels)
+            stock.update({"prediction": torch.sigmoid(logits), "label": labels,
+                          "weight": torch.ones_like(labels)})
         assert len(chunked._pending) == 33 - 20  # buffered since the last flush
         got, want = chunked.compute(), stock.compute()
     finally:
