@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import math
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -100,10 +101,35 @@ class ConsoleLog:
         return " | ".join(parts)
 
 
-def locations(output_dir: str | None, history: list[dict[str, Any]],
-              last_step: int) -> dict[str, str]:
+LOG_DIR_ENV = "SHADOWSYNC_LOG_DIR"
+"""Set by :mod:`.launch` under torchx's ``local_cwd``: the folder holding the replica's
+``stdout.log`` and ``stderr.log``, which torchx tells only the launcher."""
+
+
+def logs(environ: Mapping[str, str]) -> str | None:
+    """How to read this job's logs later, from what torchx gives every role: the replica's
+    folder under ``local_cwd`` (its ``torchx log`` works only inside the ``torchx run`` that
+    started the job), else ``torchx log`` on the app handle torchx puts in ``TORCHX_JOB_ID``
+    (``scheduler://session/app_id``). None when torchx did not start the job."""
+    folder = environ.get(LOG_DIR_ENV)
+    if folder:
+        return f"{folder} (stdout.log, stderr.log)"
+    handle = environ.get("TORCHX_JOB_ID")
+    if not handle or handle.startswith("local_cwd://"):
+        return None
+    scheduler, _, rest = handle.partition("://")
+    session, _, app_id = rest.rpartition("/")
+    if scheduler == "kubernetes" and ":" not in app_id:
+        # torchx 0.7.0 gives pods the job's name, while its handles are namespace:name
+        handle = f"{scheduler}://{session}/<namespace>:{app_id}"
+    return f"torchx log {handle}"
+
+
+def locations(output_dir: str | None, history: list[dict[str, Any]], last_step: int,
+              environ: Mapping[str, str]) -> dict[str, str]:
     """Where a run's results are, for the end of its summary: the steps the summary covers
-    after a resume, ``output_dir`` and its metrics file, and the newest checkpoint."""
+    after a resume, ``output_dir`` and its metrics file, the newest checkpoint, and the logs
+    (see :func:`logs`)."""
     where = {}
     resumed = next((r for r in history if "resumed_from" in r), None)
     if resumed is not None:
@@ -117,4 +143,7 @@ def locations(output_dir: str | None, history: list[dict[str, Any]],
         where["checkpoint"] = saved[-1]
     elif resumed is not None:
         where["checkpoint"] = resumed["resumed_from"]
+    log_hint = logs(environ)
+    if log_hint is not None:
+        where["logs"] = log_hint
     return where

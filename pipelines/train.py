@@ -73,7 +73,7 @@ def run(cfg: RunConfig, dataset: RecDataset) -> dict[str, Any]:
         summary = trainer.train()
     faults.Heartbeat.stop()
     if env.rank == 0:
-        where = locations(cfg.output_dir, trainer.history, summary["step"])
+        where = locations(cfg.output_dir, trainer.history, summary["step"], os.environ)
         print(_summary_table({**summary, **where}), flush=True)
     return summary
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from shadowsync.pipelines import console
-from shadowsync.pipelines.console import ConsoleLog, locations, planned_steps
+from shadowsync.pipelines.console import LOG_DIR_ENV, ConsoleLog, locations, logs, planned_steps
 
 RECORD = {"step": 400, "loss": 0.532149, "ne": 0.871234567, "lifetime_ne": 0.9, "auc": 0.746812,
           "calibration": 1.01, "examples_per_s": 98765.4321, "examples": 409600.0,
@@ -63,11 +63,30 @@ def test_locations_name_the_resumed_range_and_the_newest_checkpoint() -> None:
     history = [{"step": 300, "resumed_from": "ck/step_00000300"}, RECORD,
                {"step": 600, "checkpoint": "ck/step_00000600"},
                {"step": 879, "checkpoint": "ck/step_00000879"}]
-    assert locations("runs/a", history, 879) == {
+    assert locations("runs/a", history, 879, {"TORCHX_JOB_ID": "slurm://torchx/4242"}) == {
         "steps": "301..879 (this process; resumed from ck/step_00000300)",
         "output_dir": "runs/a",
         "metrics": "runs/a/metrics.jsonl",
         "checkpoint": "ck/step_00000879",
+        "logs": "torchx log slurm://torchx/4242",
     }
-    assert locations(None, [RECORD], 400) == {}
-    assert locations(None, history[:2], 400)["checkpoint"] == "ck/step_00000300"
+    assert locations(None, [RECORD], 400, {}) == {}
+    assert locations(None, history[:2], 400, {})["checkpoint"] == "ck/step_00000300"
+
+
+@pytest.mark.parametrize(("environ", "expected"), [
+    ({LOG_DIR_ENV: "runs/torchx/torchx/train-x1/train/0",
+      "TORCHX_JOB_ID": "local_cwd://torchx/train-x1"},
+     "runs/torchx/torchx/train-x1/train/0 (stdout.log, stderr.log)"),
+    # torchx log reaches a local_cwd job only from the torchx run that started it
+    ({"TORCHX_JOB_ID": "local_cwd://torchx/train-x1"}, None),
+    ({"TORCHX_JOB_ID": "slurm://torchx/4242"}, "torchx log slurm://torchx/4242"),
+    ({"TORCHX_JOB_ID": "kubernetes://torchx/train-x1"},
+     "torchx log kubernetes://torchx/<namespace>:train-x1"),
+    ({"TORCHX_JOB_ID": "kubernetes://torchx/ml:train-x1"},
+     "torchx log kubernetes://torchx/ml:train-x1"),
+    ({}, None),  # not started by torchx
+])
+def test_logs_name_the_folder_or_the_torchx_log_command(environ: dict[str, str],
+                                                        expected: str | None) -> None:
+    assert logs(environ) == expected

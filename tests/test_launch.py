@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import signal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,6 +12,7 @@ from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
 from shadowsync.pipelines import launch
+from shadowsync.pipelines.console import LOG_DIR_ENV
 
 
 def _failed(*codes: int) -> ChildFailedError:
@@ -50,3 +53,59 @@ def test_any_other_failure_is_torchrun_s(codes: tuple[int, ...],
     monkeypatch.setattr(launch, "run", run)
     with pytest.raises(ChildFailedError):
         launch.main(["-m", "shadowsync.pipelines.train"])
+
+
+def _reply(path: Path) -> dict[str, Any]:
+    message: dict[str, Any] = json.loads(path.read_text())["message"]
+    return message
+
+
+@pytest.mark.parametrize(("outcome", "expected"), [
+    (_failed(-15, 143), "preempted: every worker stopped after the same step"),
+    (SignalException("got 15", signal.SIGTERM), "preempted: the launcher got SIGTERM"),
+])
+def test_preemption_is_the_reply_torchx_reads(outcome: BaseException, expected: str,
+                                              tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchx's local_cwd shows the launcher's error file as the job's structured_error_msg."""
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / "error.json"))
+
+    def run(args: Any) -> None:
+        raise outcome
+
+    monkeypatch.setattr(launch, "run", run)
+    assert launch.main(["-m", "shadowsync.pipelines.train"]) == 143
+    reply = _reply(tmp_path / "error.json")
+    assert reply["message"].startswith(expected) and reply["errorCode"] == 143
+    assert reply["message"].endswith("run the same command to resume from the checkpoint")
+
+
+def test_a_failed_rank_s_error_is_the_reply(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """As torchrun's own main: the first failed rank's error file becomes the launcher's."""
+    rank_file = tmp_path / "rank_1.json"
+    rank_file.write_text(json.dumps({"message": {
+        "message": "RuntimeError: rank 1 gave up",
+        "extraInfo": {"py_callstack": "...", "timestamp": "1"}}}))
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / "error.json"))
+
+    def run(args: Any) -> None:
+        raise ChildFailedError("train", {1: ProcessFailure(1, 101, 1, str(rank_file))})
+
+    monkeypatch.setattr(launch, "run", run)
+    with pytest.raises(ChildFailedError):
+        launch.main(["-m", "shadowsync.pipelines.train"])
+    reply = _reply(tmp_path / "error.json")
+    assert reply["message"] == "RuntimeError: rank 1 gave up" and reply["errorCode"] == 1
+
+
+@pytest.mark.parametrize(("job", "named"), [
+    ("local_cwd://torchx/train-x1", True),
+    ("slurm://torchx/4242", False),  # torchx log reads Slurm's own files
+    ("", False),
+])
+def test_the_local_log_folder_is_passed_to_the_workers(job: str, named: bool) -> None:
+    environ = {"TORCHELASTIC_ERROR_FILE": "/logs/torchx/train-x1/train/0/error.json",
+               "TORCHX_JOB_ID": job}
+    launch.name_log_dir(environ)
+    assert environ.get(LOG_DIR_ENV) == ("/logs/torchx/train-x1/train/0" if named else None)

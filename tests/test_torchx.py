@@ -29,6 +29,8 @@ from torchx.specs import AppState, AppStatus
 from torchx.specs.builders import materialize_appdef
 from torchx.specs.finder import get_component
 
+from shadowsync.pipelines import launch
+from shadowsync.pipelines.console import logs
 from shadowsync.torchx_components import preprocess as preprocess_components
 from shadowsync.torchx_components import train as train_components
 from shadowsync.torchx_components.preprocess import preprocess
@@ -235,6 +237,11 @@ def test_local_cwd_dryrun(fake_bin: Path) -> None:
     # one node: torchrun picks a free port itself (no clash between concurrent jobs)
     assert _flag(argv, "--rdzv_endpoint") == "localhost:0"
     assert _program(argv) == ["-m", MODULE, "--config", "movielens_1m", *TRICKY]
+    # rank 0's summary names the replica's log folder: torchx tells the launcher, it the ranks
+    env = dict(replica.env)
+    launch.name_log_dir(env)
+    (folder,) = info.request.role_log_dirs["train"]
+    assert logs(env) == f"{folder} (stdout.log, stderr.log)"
 
 
 def test_slurm_dryrun(fake_bin: Path) -> None:
@@ -258,6 +265,9 @@ def test_slurm_dryrun(fake_bin: Path) -> None:
         assert _flag(argv, "--rdzv_endpoint") == "node7:29500"
         assert _flag(argv, "--rdzv_id") == "4242"
         assert _program(argv) == ["-m", MODULE, "--config", "movielens_1m", *TRICKY]
+        export = next(a for a in group if a.startswith("--export="))[len("--export="):]
+        env = dict(kv.split("=", 1) for kv in export.split(",")[1:])
+        assert logs(env) == "torchx log slurm://torchx/4242"  # the summary's logs line
 
 
 def test_kubernetes_dryrun(fake_bin: Path) -> None:
@@ -277,6 +287,8 @@ def test_kubernetes_dryrun(fake_bin: Path) -> None:
         }
         assert "/shared" in [m.mount_path for m in container.volume_mounts]
         env = {e.name: e.value for e in container.env}
+        name = info.request.resource["metadata"]["name"]
+        assert logs(env) == f"torchx log kubernetes://torchx/<namespace>:{name}"
         env["VC_TRAIN_0_HOSTS"] = "train-0.svc"  # what Volcano's svc plugin gives other pods
         argv = _torchrun_argv(container.command, fake_bin, env)
         assert _flag(argv, "--rdzv_endpoint") in ("localhost:29500", "train-0.svc:29500")
@@ -361,6 +373,10 @@ def test_torchx_run_trains_two_ranks(tmp_path: Path) -> None:
     assert [r["step"] for r in records if "loss" in r] == [20, 40]
     assert all(time.time() - 600 < r["time"] <= time.time() for r in records)
     assert re.search(rf"\[0\]:metrics +{re.escape(str(out / 'metrics.jsonl'))}\n", log)
+    handle = re.search(r"^local_cwd://torchx/(\S+)$", log, re.M)  # torchx prints it first
+    assert handle is not None, log[:2000]
+    folder = tmp_path / "logs" / "torchx" / handle.group(1) / "train" / "0"
+    assert re.search(rf"\[0\]:logs +{re.escape(str(folder))} \(stdout.log, stderr.log\)\n", log)
     # TorchRec's planner is built its own way: none of its deprecation warnings
     assert "TopologyFactory" not in log and "StorageReservation" not in log
 
