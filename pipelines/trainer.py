@@ -38,6 +38,7 @@ from shadowsync.pipelines.build import (
 from shadowsync.pipelines.config import RunConfig, dump_config
 from shadowsync.pipelines.console import ConsoleLog, planned_steps
 from shadowsync.pipelines.metrics import gather_metrics
+from shadowsync.pipelines.position import DataPosition
 from shadowsync.sync.runner import SyncError
 from shadowsync.sync.wrapper import build_replica_wrapper, dense_parameters
 
@@ -160,9 +161,7 @@ class Trainer:
         self.metrics = train_metric_module(cfg, env)
         self.console = ConsoleLog(planned_steps(cfg.train.steps, cfg.train.epochs, dataset,
                                                 cfg.train.batch_size, env.world_size))
-        self.step = 0
-        self.epoch = 0
-        self.epoch_step = 0
+        self.position = DataPosition()
         self.last_saved = -1
         self.last_eval = 0  # the step of the last evaluation
         self._last_record = (time.perf_counter(), 0)  # when, and after which step
@@ -172,6 +171,11 @@ class Trainer:
         self.out_dir = Path(cfg.output_dir) if cfg.output_dir else None
         if self.out_dir is not None and env.rank == 0:
             self.out_dir.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def step(self) -> int:
+        """Training steps done (see :attr:`position`)."""
+        return self.position.step
 
     def close(self) -> None:
         """Destroys the process groups this trainer made (the synchronizer's and the control
@@ -271,9 +275,7 @@ class Trainer:
         optimizers = {name: opt.state_dict() for name, opt in self.optimizer.optimizers
                       if name != "sparse"}
         return {
-            "step": self.step,
-            "epoch": self.epoch,
-            "epoch_step": self.epoch_step,
+            **self.position.state_dict(),
             "dense": {n: p.detach().clone() for n, p in dense_parameters(self.dmp).items()},
             "optimizers": optimizers,
             "sync": self.wrapper.state_dict(),
@@ -384,8 +386,7 @@ class Trainer:
         torch.set_rng_state(local["rng"])
         if "cuda_rng" in local and self.env.device.type == "cuda":
             torch.cuda.set_rng_state(local["cuda_rng"], self.env.device)
-        self.step, self.epoch = int(local["step"]), int(local["epoch"])
-        self.epoch_step = int(local["epoch_step"])
+        self.position.load_state_dict(local)
         self.last_saved = self.step
         self.last_eval = int(local.get("last_eval", self.step))  # older checkpoints: done
         self.wrapper.resume()
@@ -396,14 +397,9 @@ class Trainer:
         """The training stream from the current data position, cut where evaluations fall (the
         pipeline drains at each cut) and where the step budget ends."""
         budget, every = self.cfg.train.steps, self.cfg.eval.every_steps
-        while self.epoch < self.cfg.train.epochs:
-            stream = itertools.islice(
-                self.dataset.train_batches(
-                    self.cfg.train.batch_size, self.env.rank, self.env.world_size, self.epoch
-                ),
-                self.epoch_step,
-                None,
-            )
+        while self.position.epoch < self.cfg.train.epochs:
+            stream = self.position.batches(self.dataset, self.cfg.train.batch_size,
+                                           self.env.rank, self.env.world_size)
             while True:
                 limits = [x for x in (
                     None if budget is None else budget - self.step,
@@ -416,8 +412,7 @@ class Trainer:
                 if first is None:
                     break
                 yield itertools.chain([first], segment)
-            self.epoch += 1
-            self.epoch_step = 0
+            self.position.next_epoch()
 
     def _check_finite(self, where: str) -> None:
         """Collective: raises on every rank if the loss or the dense gradients went non-finite
@@ -525,8 +520,7 @@ class Trainer:
                         "; found on this rank at once")
                 with record_function("shadowsync.train.after_step"):
                     self.wrapper.after_step()
-                self.step += 1
-                self.epoch_step += 1
+                self.position.advance()
                 steps_timed += 1
                 with record_function("shadowsync.train.metrics"):
                     self.metrics.add(logits, labels)

@@ -26,6 +26,7 @@ from shadowsync.datasets import build_dataset
 from shadowsync.pipelines import checkpoint
 from shadowsync.pipelines.config import load_config
 from shadowsync.pipelines.evaluate import evaluate_checkpoint
+from shadowsync.pipelines.position import DataPosition
 from shadowsync.pipelines.train import Trainer, init_distributed
 from shadowsync.sync.wrapper import dense_parameters
 from tests._dist import run_ranks
@@ -146,7 +147,7 @@ def _shadow_resume(rank: int, world_size: int, root: str) -> dict[str, Any]:
     assert resumed.maybe_resume()
     resumed.wrapper.resume = start  # type: ignore[method-assign]
     at_resume = _state(resumed)
-    position = (resumed.step, resumed.epoch, resumed.epoch_step)
+    position = (resumed.step, resumed.position.epoch, resumed.position.epoch_step)
     next_batch = next(next(resumed._segments()))
     stream = resumed.dataset.train_batches(resumed.cfg.train.batch_size, rank, world_size, 0)
     expected_batch = next(itertools.islice(stream, 24, None))
@@ -293,7 +294,7 @@ def _corruption_matrix(rank: int, world_size: int, root: str) -> dict[str, Any]:
             _corrupt(newest / name, kind)
         dist.barrier()
         trainer.cfg.checkpoint.dir = str(case)
-        trainer.step = -1
+        trainer.position = DataPosition(step=-1)
         lines.lines.clear()
         resumed = trainer.maybe_resume()
         state = _state(trainer)
