@@ -65,7 +65,7 @@ ARMS = [
       for a in ("ma", "easgd", "bmuf")],
     *[f"S-{a.upper()} back to back: sync.algorithm={a} sync.mode=shadow sync.min_interval_s=0"
       for a in ("ma", "easgd", "bmuf")],
-    "torch PeriodicModelAverager k=10: sync.algorithm=pma sync.period=10",
+    "torch PeriodicModelAverager k=10: sync.algorithm=torch_averager sync.period=10",
 ]
 # EASGD's center moves by alpha times the sum of the W replicas' offsets, so W * alpha must stay
 # below 1 (Zhang et al.'s beta); the default 0.5 is that bound at 2 ranks and diverges at 4.
@@ -79,7 +79,7 @@ USER_SPLIT_ARMS = [
       f"{EASGD_ALPHA if a == 'easgd' else ''}" for a in ("ma", "easgd", "bmuf") for k in PERIODS],
     *[f"S-{a.upper()}: sync.algorithm={a} sync.mode=shadow sync.max_slowdown=0.05"
       f"{EASGD_ALPHA if a == 'easgd' else ''}" for a in ("ma", "easgd", "bmuf")],
-    "torch PeriodicModelAverager k=10: sync.algorithm=pma sync.period=10",
+    "torch PeriodicModelAverager k=10: sync.algorithm=torch_averager sync.period=10",
 ]
 QUICK_ARMS = ["none", "ddp", "FR-MA k=10", "S-MA", "S-EASGD", "S-BMUF",
               "torch PeriodicModelAverager k=10"]

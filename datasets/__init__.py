@@ -4,11 +4,11 @@ Registered: ``synthetic``, ``criteo_tsv``, ``criteo_npy``, ``movielens_1m``.
 """
 
 from shadowsync.datasets.base import (
+    DATASETS,
     DataSpec,
     RecDataset,
     build_dataset,
     register_dataset,
-    registered_datasets,
 )
 from shadowsync.datasets.criteo_npy import CriteoNpy
 from shadowsync.datasets.criteo_tsv import CriteoFormatError, CriteoTSV
@@ -16,6 +16,7 @@ from shadowsync.datasets.movielens import MovieLens1M
 from shadowsync.datasets.synthetic import SyntheticCriteo, write_criteo_tsv
 
 __all__ = [
+    "DATASETS",
     "CriteoFormatError",
     "CriteoNpy",
     "CriteoTSV",
@@ -25,6 +26,5 @@ __all__ = [
     "SyntheticCriteo",
     "build_dataset",
     "register_dataset",
-    "registered_datasets",
     "write_criteo_tsv",
 ]

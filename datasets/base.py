@@ -8,11 +8,14 @@ the train pipeline and the metrics never depend on where examples come from.
 from __future__ import annotations
 
 import abc
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from torchrec.datasets.utils import Batch
+
+from shadowsync.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -59,30 +62,19 @@ class RecDataset(abc.ABC):
         )
 
 
-_REGISTRY: dict[str, Callable[..., RecDataset]] = {}
+# The values of ``data.name``, each with the factory its ``data.options`` are passed to.
+DATASETS: Registry[Callable[..., RecDataset]] = Registry("data.name", "data set")
 
 
 def register_dataset(name: str) -> Callable[[Callable[..., RecDataset]], Callable[..., RecDataset]]:
-    """Makes a data set selectable by ``name`` in configs (``data.name``)."""
-
-    def deco(factory: Callable[..., RecDataset]) -> Callable[..., RecDataset]:
-        if name in _REGISTRY:
-            raise ValueError(f"data set {name!r} is registered twice")
-        _REGISTRY[name] = factory
-        return factory
-
-    return deco
+    """Class decorator: ``DATASETS.register(name, cls)`` where the data set is defined."""
+    return functools.partial(DATASETS.register, name)
 
 
 def build_dataset(name: str, **options: Any) -> RecDataset:
     """Builds the registered data set ``name`` with its options (``data.options`` in configs)."""
-    if name not in _REGISTRY:
-        raise ValueError(f"data.name: unknown data set {name!r}; known: {sorted(_REGISTRY)}")
+    factory = DATASETS.get(name)
     try:
-        return _REGISTRY[name](**options)
+        return factory(**options)
     except TypeError as e:
         raise ValueError(f"data.options for {name!r}: {e}") from e
-
-
-def registered_datasets() -> list[str]:
-    return sorted(_REGISTRY)

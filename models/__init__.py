@@ -8,7 +8,7 @@ use, so a run's config can be checked (``pipelines.config``) in a second, before
 from typing import Any
 
 from shadowsync.models.config import (
-    MODEL_CONFIGS,
+    MODELS,
     AutoIntConfig,
     CustomModelConfig,
     DCNConfig,
@@ -25,7 +25,7 @@ _LAZY = {
     "build_model": "zoo", "load": "zoo", "ModelMismatch": "zoo",
 }
 
-__all__ = ["MODEL_CONFIGS", "AutoIntConfig", "CustomModelConfig", "DCNConfig", "DLRMConfig",
+__all__ = ["MODELS", "AutoIntConfig", "CustomModelConfig", "DCNConfig", "DLRMConfig",
            "DLRMProjectionConfig", "DeepFMConfig", "ModelConfig", "WideDeepConfig", *_LAZY]
 
 

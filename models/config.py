@@ -9,11 +9,12 @@ of the form ``package.module:function`` is a user's own builder (:class:`CustomM
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from shadowsync.registry import Registry, import_path
 
 if TYPE_CHECKING:
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
@@ -95,12 +96,7 @@ class ModelConfig:
         name = raw.get("name", ModelConfig.name)
         if not isinstance(name, str):
             raise ValueError(f"{key}.name: expected a string, got {name!r}")
-        if ":" in name:
-            return CustomModelConfig
-        if name not in MODEL_CONFIGS:
-            raise ValueError(f"{key}.name: unknown model {name!r}; known: {sorted(MODEL_CONFIGS)}"
-                             ", or a builder by import path 'package.module:function'")
-        return MODEL_CONFIGS[name]
+        return MODELS.get(name)
 
 
 @dataclass
@@ -287,21 +283,19 @@ class CustomModelConfig(ModelConfig):
 
 def import_builder(path: str) -> Callable[..., Any]:
     """The function at ``package.module:function`` (``ValueError`` naming ``model.name``)."""
-    module_name, _, attr = path.partition(":")
-    try:
-        target = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"model.name: cannot import {path!r} ({type(e).__name__}: {e})") from e
+    target = import_path(path, MODELS.key)
     if not callable(target):
         raise ValueError(f"model.name: {path!r} is not callable")
     return target
 
 
-MODEL_CONFIGS: dict[str, type[ModelConfig]] = {
-    "dlrm": DLRMConfig,
-    "dlrm_projection": DLRMProjectionConfig,
-    "deepfm": DeepFMConfig,
-    "wide_deep": WideDeepConfig,
-    "dcn": DCNConfig,
-    "autoint": AutoIntConfig,
-}
+# The values of ``model.name``, each with its options class; an unregistered
+# ``package.module:function`` is a user's builder.
+MODELS: Registry[type[ModelConfig]] = Registry("model.name", "model",
+                                               by_path=lambda path: CustomModelConfig)
+MODELS.register("dlrm", DLRMConfig)
+MODELS.register("dlrm_projection", DLRMProjectionConfig)
+MODELS.register("deepfm", DeepFMConfig)
+MODELS.register("wide_deep", WideDeepConfig)
+MODELS.register("dcn", DCNConfig)
+MODELS.register("autoint", AutoIntConfig)

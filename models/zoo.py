@@ -1,6 +1,6 @@
 """The model zoo's registry, and what a model must be to train here (the builder protocol).
 
-``model.name`` in a run's config picks a builder: a built-in one (:data:`MODEL_CONFIGS`) or a
+``model.name`` in a run's config picks a builder: a built-in one (:data:`MODELS`) or a
 user's own, named by import path (``model.name: my_package.my_module:build``). A builder is
 called as ``builder(spec, tables, options, device)`` with
 
@@ -37,15 +37,14 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torchrec.datasets.utils import Batch
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-from shadowsync.models.config import MODEL_CONFIGS, ModelConfig, import_builder
+from shadowsync.models.config import ModelConfig, import_builder
 from shadowsync.models.init import is_sparse, require_initializable, reset_dense_from_seed_
 
 if TYPE_CHECKING:
     from shadowsync.datasets import DataSpec
     from shadowsync.pipelines.config import RunConfig
 
-__all__ = ["MODEL_CONFIGS", "ModelMismatch", "RecTrain", "build_model", "load",
-           "sparse_modules"]
+__all__ = ["ModelMismatch", "RecTrain", "build_model", "load", "sparse_modules"]
 
 class RecTrain(nn.Module):
     """Adds the loss to a zoo model, in the ``(loss, (loss, logits, labels))`` form TorchRec's

@@ -20,7 +20,7 @@ Example (plain PyTorch, every rank)::
 
 from typing import Any
 
-from shadowsync.sync.config import SyncConfig, register_algorithm, registered_algorithms
+from shadowsync.sync.config import ALGORITHMS, Algorithm, SyncConfig
 
 _LAZY = {
     "FixedRateSyncRunner": "runner",
@@ -36,7 +36,7 @@ _LAZY = {
     "SyncStrategy": "strategies",
 }
 
-__all__ = ["SyncConfig", "register_algorithm", "registered_algorithms", *_LAZY]
+__all__ = ["ALGORITHMS", "Algorithm", "SyncConfig", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

@@ -2,11 +2,11 @@
 
 Imports neither torch nor the pipeline: a config is checked (at ``torchx run`` time, say) before
 anything heavy loads, and ``shadowsync.sync`` stands on its own. Each algorithm is registered
-by the import path of what implements it, loaded on first use.
+in :data:`ALGORITHMS` by the import path of what implements it, loaded on first use.
 
 Example::
 
-    register_algorithm("my_avg", "my_pkg.sync:MyAveraging", strategy=True)  # a SyncStrategy
+    ALGORITHMS.register("my_avg", Algorithm("my_pkg.sync:MyAveraging", strategy=True))
     cfg = SyncConfig(algorithm="my_avg", mode="shadow")
     cfg.validate()
 """
@@ -14,13 +14,13 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-__all__ = ["RANGES", "Algorithm", "SyncConfig", "algorithm", "check", "register_algorithm",
-           "registered_algorithms", "strategy_algorithms"]
+from shadowsync.registry import Registry, import_path
+
+__all__ = ["ALGORITHMS", "RANGES", "Algorithm", "SyncConfig", "check", "strategy_algorithms"]
 
 
 @dataclass(frozen=True)
@@ -84,50 +84,27 @@ class Algorithm:
     strategy: bool
     reads: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        unknown = set(self.reads) - {f.name for f in dataclasses.fields(SyncConfig)}
+        if unknown:
+            raise ValueError(f"sync algorithm {self.target!r} reads unknown settings "
+                             f"{sorted(unknown)}")
+
     def load(self) -> Any:
-        module, _, attr = self.target.partition(":")
-        try:
-            return getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError) as e:
-            raise ValueError(f"sync.algorithm: cannot import {self.target!r} "
-                             f"({type(e).__name__}: {e})") from e
+        return import_path(self.target, ALGORITHMS.key)
 
 
-_ALGORITHMS: dict[str, Algorithm] = {}
-
-
-def register_algorithm(name: str, target: str, *, strategy: bool,
-                       reads: tuple[str, ...] = ()) -> None:
-    """Makes ``sync.algorithm: name`` build ``target`` (see :class:`Algorithm`)."""
-    if name in _ALGORITHMS:
-        raise ValueError(f"sync algorithm {name!r} is registered twice")
-    unknown = set(reads) - {f.name for f in dataclasses.fields(SyncConfig)}
-    if unknown:
-        raise ValueError(f"sync algorithm {name!r} reads unknown settings {sorted(unknown)}")
-    _ALGORITHMS[name] = Algorithm(target, strategy, reads)
-
-
-def registered_algorithms() -> list[str]:
-    return sorted(_ALGORITHMS)
+# The values of ``sync.algorithm``; an unregistered ``"module:Class"`` names a
+# :class:`~shadowsync.sync.strategies.SyncStrategy` subclass of the user's own (imported when
+# the synchronizer is built).
+ALGORITHMS: Registry[Algorithm] = Registry(
+    "sync.algorithm", "algorithm", by_path=lambda path: Algorithm(path, strategy=True))
 
 
 def strategy_algorithms() -> list[str]:
     """The registered ShadowSync strategies (the algorithms ``sync.mode`` applies to), in the
     order they were registered."""
-    return [n for n, a in _ALGORITHMS.items() if a.strategy]
-
-
-def algorithm(name: str) -> Algorithm:
-    """The registered algorithm ``name``; a ``"module:Class"`` path names a
-    :class:`~shadowsync.sync.strategies.SyncStrategy` subclass of the user's own (imported when
-    the synchronizer is built)."""
-    if name in _ALGORITHMS:
-        return _ALGORITHMS[name]
-    module, _, attr = name.partition(":")
-    if module and attr.isidentifier():
-        return Algorithm(name, strategy=True)
-    raise ValueError(f"sync.algorithm: must be one of {registered_algorithms()} or "
-                     f"'module:StrategyClass', got {name!r}")
+    return [n for n, a in ALGORITHMS.items() if a.strategy]
 
 
 # Settings of every strategy run by the ShadowSync runner, and which of them each mode reads.
@@ -140,8 +117,9 @@ class SyncConfig:
     """How dense replicas are kept in step (``ddp`` and ``none`` are the baselines).
 
     ``ma``, ``easgd`` and ``bmuf`` are ShadowSync strategies, run in the background
-    (``mode: shadow``) or blocking every ``period`` steps (``mode: fixed_rate``). ``pma`` is
-    PyTorch's own ``PeriodicModelAverager`` every ``period`` steps, an outside reference.
+    (``mode: shadow``) or blocking every ``period`` steps (``mode: fixed_rate``).
+    ``torch_averager`` is PyTorch's own ``PeriodicModelAverager`` every ``period`` steps, an
+    outside reference.
     ``backend`` carries the synchronizer's own process group. It defaults to gloo on GPUs too:
     NCCL does not promise that collectives issued from two threads on two communicators of one
     device make progress, and the shadow thread does exactly that beside training's NCCL.
@@ -185,26 +163,26 @@ class SyncConfig:
     def validate(self) -> None:
         """Raises ``ValueError`` naming the ``sync.*`` setting that is out of range or an
         algorithm that is not registered."""
-        algorithm(self.algorithm)
+        ALGORITHMS.get(self.algorithm)
         for name in RANGES:
             check(name, getattr(self, name), f"sync.{name}")
 
     def ignored(self) -> dict[str, str]:
         """The settings that do nothing under this ``algorithm`` and ``mode``, each with where
         it would act, so that an override that changes nothing can be pointed out."""
-        chosen = algorithm(self.algorithm)
+        chosen = ALGORITHMS.get(self.algorithm)
         strategies = strategy_algorithms()
         if not chosen.strategy:
             names = f"{', '.join(strategies[:-1])} or {strategies[-1]}"
             return {f.name: f"sync.algorithm {names}" for f in dataclasses.fields(self)
                     if f.name != "algorithm" and f.name not in chosen.reads}
         where: dict[str, str] = {}
-        for name in strategies if self.algorithm in _ALGORITHMS else []:  # own: may read any
-            for setting in _ALGORITHMS[name].reads:
+        for name in strategies if self.algorithm in ALGORITHMS else []:  # own: may read any
+            for setting in ALGORITHMS.get(name).reads:
                 if setting not in chosen.reads:
                     where[setting] = f"sync.algorithm={name}"
         if self.mode == "shadow":
-            readers = [n for n, a in sorted(_ALGORITHMS.items()) if "period" in a.reads]
+            readers = [n for n, a in sorted(ALGORITHMS.items()) if "period" in a.reads]
             where.update(dict.fromkeys(_FIXED_RATE_ONLY, " or ".join(
                 ["sync.mode=fixed_rate"] + [f"sync.algorithm={n}" for n in readers])))
         else:
@@ -212,12 +190,14 @@ class SyncConfig:
         return where
 
 
-register_algorithm("none", "shadowsync.sync.wrapper:LocalReplicas", strategy=False)
-register_algorithm("ddp", "shadowsync.sync.wrapper:DDPReplicas", strategy=False)
-register_algorithm("pma", "shadowsync.sync.wrapper:PeriodicAveragerReplicas", strategy=False,
-                   reads=("period",))
-register_algorithm("ma", "shadowsync.sync.strategies:ModelAveraging", strategy=True)
-register_algorithm("easgd", "shadowsync.sync.strategies:ElasticAveraging", strategy=True,
-                   reads=("alpha",))
-register_algorithm("bmuf", "shadowsync.sync.strategies:BlockwiseModelUpdateFiltering",
-                   strategy=True, reads=("block_momentum", "block_lr", "nesterov"))
+ALGORITHMS.register("none", Algorithm("shadowsync.sync.wrapper:LocalReplicas", strategy=False))
+ALGORITHMS.register("ddp", Algorithm("shadowsync.sync.wrapper:DDPReplicas", strategy=False))
+ALGORITHMS.register("torch_averager", Algorithm(
+    "shadowsync.sync.wrapper:PeriodicAveragerReplicas", strategy=False, reads=("period",)))
+ALGORITHMS.rename("pma", "torch_averager")
+ALGORITHMS.register("ma", Algorithm("shadowsync.sync.strategies:ModelAveraging", strategy=True))
+ALGORITHMS.register("easgd", Algorithm("shadowsync.sync.strategies:ElasticAveraging",
+                                       strategy=True, reads=("alpha",)))
+ALGORITHMS.register("bmuf", Algorithm("shadowsync.sync.strategies:BlockwiseModelUpdateFiltering",
+                                      strategy=True, reads=("block_momentum", "block_lr",
+                                                            "nesterov")))

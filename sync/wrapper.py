@@ -30,7 +30,7 @@ from torchrec.distributed.model_parallel import (
 )
 from torchrec.distributed.types import ShardingEnv
 
-from shadowsync.sync.config import SyncConfig, algorithm
+from shadowsync.sync.config import ALGORITHMS, SyncConfig
 from shadowsync.sync.runner import (
     FixedRateSyncRunner,
     NonFiniteError,
@@ -188,7 +188,7 @@ class PeriodicAveragerReplicas(LocalReplicas):
 
 def make_strategy(cfg: SyncConfig) -> SyncStrategy:
     """The ShadowSync strategy registered as ``sync.algorithm``, with its settings."""
-    entry = algorithm(cfg.algorithm)
+    entry = ALGORITHMS.get(cfg.algorithm)
     if not entry.strategy:
         raise ValueError(f"sync.algorithm: {cfg.algorithm!r} is not a ShadowSync strategy")
     strategy: SyncStrategy = entry.load().from_config(cfg)
@@ -197,7 +197,7 @@ def make_strategy(cfg: SyncConfig) -> SyncStrategy:
 
 def build_replica_wrapper(cfg: SyncConfig) -> LocalReplicas | DDPReplicas:
     """The data-parallel wrapper for ``sync.algorithm`` (see
-    :func:`~shadowsync.sync.config.register_algorithm`): a ShadowSync strategy runs in
+    :data:`~shadowsync.sync.config.ALGORITHMS`): a ShadowSync strategy runs in
     :class:`ShadowSyncReplicas`, a baseline is its own wrapper.
 
     Example::
@@ -206,7 +206,7 @@ def build_replica_wrapper(cfg: SyncConfig) -> LocalReplicas | DDPReplicas:
                                        data_parallel_wrapper=build_replica_wrapper(cfg.sync))
     """
     cfg.validate()
-    entry = algorithm(cfg.algorithm)
+    entry = ALGORITHMS.get(cfg.algorithm)
     if entry.strategy:
         return ShadowSyncReplicas.from_config(cfg)
     wrapper: LocalReplicas | DDPReplicas = entry.load().from_config(cfg)

@@ -25,7 +25,8 @@ def test_overrides_are_typed_and_applied() -> None:
 
 
 @pytest.mark.parametrize(("override", "message"), [
-    ("sync.algorithm=allreduce", "sync.algorithm: must be one of"),
+    ("sync.algorithm=allreduce", "sync.algorithm: unknown algorithm 'allreduce'; known: "),
+    ("sync.algorithm=pma", "sync.algorithm: 'pma' was renamed; use 'torch_averager'"),
     ("train.batch_size=big", "train.batch_size: expected int"),
     ("train.bach_size=4", "unknown setting train.bach_size"),
     ("trainer.steps=4", "unknown setting trainer"),
@@ -96,7 +97,7 @@ def test_numbers_as_people_type_them() -> None:
 
 @pytest.mark.parametrize(("overrides", "warned"), [
     (["sync.period=10"], "sync.period=10 does nothing with sync.algorithm=ma sync.mode=shadow; "
-                         "it acts with sync.mode=fixed_rate or sync.algorithm=pma"),
+                         "it acts with sync.mode=fixed_rate or sync.algorithm=torch_averager"),
     (["sync.algorithm=ddp", "sync.min_interval_s=0.5"],
      "sync.min_interval_s=0.5 does nothing with sync.algorithm=ddp; it acts with "
      "sync.algorithm ma, easgd or bmuf"),
@@ -127,7 +128,7 @@ def test_overrides_that_act_or_only_restate_a_default_are_quiet(
     monkeypatch.delenv("RANK", raising=False)
     with caplog.at_level(logging.WARNING, "shadowsync.config"):
         load_config("ma_fixed_rate", ["sync.period=20"])
-        load_config("synthetic", ["sync.algorithm=pma", "sync.period=4"])
+        load_config("synthetic", ["sync.algorithm=torch_averager", "sync.period=4"])
         load_config("synthetic", ["sync.algorithm=easgd", "sync.alpha=0.3"])
         # bench_sync gives every arm the same overrides; switching pacing off is no request
         load_config("synthetic", ["sync.algorithm=none", "sync.max_slowdown=null"])

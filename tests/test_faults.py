@@ -136,7 +136,7 @@ def _assert_loadable(root: Path, step: int) -> None:
 
 # ---------------------------------------------------------------------------------- bad input
 @pytest.mark.parametrize(("overrides", "message"), [
-    (["sync.algorithm=allreduce"], "sync.algorithm: must be one of"),
+    (["sync.algorithm=allreduce"], "sync.algorithm: unknown algorithm 'allreduce'"),
     (["sync.on_failure=retry"], "sync.on_failure: must be one of"),
     (["train.bach_size=4"], "unknown setting train.bach_size"),
     (["train.pg_timeout_s=0"], "train.pg_timeout_s must be positive"),

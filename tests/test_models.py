@@ -25,7 +25,6 @@ from shadowsync.models import (
     DCN,
     DLRM,
     DLRM_DCN,
-    MODEL_CONFIGS,
     AutoInt,
     DCNConfig,
     DeepFM,
@@ -37,6 +36,7 @@ from shadowsync.models import (
     build_model,
     load,
 )
+from shadowsync.models import MODELS as ZOO
 from shadowsync.models.init import NotInitializable, require_initializable
 from shadowsync.models.wide_deep import WIDE_DIM
 from shadowsync.models.zoo import sparse_modules
@@ -82,7 +82,7 @@ def _config(model: str, *extra: str) -> Any:
 
 
 def test_every_registered_architecture_is_exercised() -> None:
-    assert {_config(m).model.name for m in MODELS} == {*MODEL_CONFIGS, "tests.user_model:build"}
+    assert {_config(m).model.name for m in MODELS} == {*ZOO.names(), "tests.user_model:build"}
 
 
 def _spec() -> Any:

@@ -53,7 +53,7 @@ def baselines() -> list[list[dict[str, Any]]]:
     runs = [["sync.algorithm=none"], ["sync.algorithm=ddp"],
             ["sync.algorithm=ma", "sync.mode=shadow"],
             ["sync.algorithm=bmuf", "sync.mode=fixed_rate", "sync.period=8"],
-            ["sync.algorithm=pma", "sync.period=1"]]
+            ["sync.algorithm=torch_averager", "sync.period=1"]]
     return run_ranks(functools.partial(_train, runs=runs), timeout_s=240)
 
 
