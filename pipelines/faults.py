@@ -361,7 +361,7 @@ class Control:
     through one small allreduce on a gloo group of their own.
 
     Gloo on CPU tensors, even beside NCCL training, so that asking never synchronizes a GPU
-    stream; every rank must call :meth:`ranks_with` at the same point of its loop.
+    stream; every rank must call :meth:`ranks_raising` at the same point of its loop.
     """
 
     def __init__(self, timeout_s: float) -> None:
@@ -391,7 +391,7 @@ class Control:
                  ) -> list[str]:
         """Collective: ``rank N: <describe(error)>`` for every rank that has an error, in rank
         order (empty when none has); the messages travel only when some rank failed."""
-        (bad,) = self.ranks_with(error is not None)
+        (bad,) = self.ranks_raising(error is not None)
         if not bad:
             return []
         messages: list[Any] = [None] * self.world_size
@@ -399,7 +399,7 @@ class Control:
                                group=self.group)
         return [f"rank {r}: {messages[r]}" for r in bad]
 
-    def ranks_with(self, *flags: bool) -> list[list[int]]:
+    def ranks_raising(self, *flags: bool) -> list[list[int]]:
         """Collective: for each of this rank's ``flags``, the ranks that raised it."""
         table = self.exchange(flags)
         return [table[:, i].nonzero().flatten().tolist() for i in range(len(flags))]
