@@ -56,6 +56,7 @@ RANGES: dict[str, Interval] = {
     "chunk_mb": Interval(0, closed=(False, True)),
     "timeout_s": Interval(0, closed=(False, True)),
     "rejoin_after_steps": Interval(1),
+    "thread_nice": Interval(0, 19),
 }
 
 
@@ -109,7 +110,7 @@ def strategy_algorithms() -> list[str]:
 
 # Settings of every strategy run by the ShadowSync runner, and which of them each mode reads.
 _FIXED_RATE_ONLY = ("period",)
-_SHADOW_ONLY = ("min_interval_s", "max_comm_share", "max_slowdown")
+_SHADOW_ONLY = ("min_interval_s", "max_comm_share", "max_slowdown", "thread_nice")
 
 
 @dataclass
@@ -140,6 +141,12 @@ class SyncConfig:
     to a rank-identical reference; half the bytes), shadow and fixed-rate alike. ``chunk_mb``
     splits each round's allreduce into collectives of at most that size, so a round never
     queues more than one chunk ahead of the embedding all-to-alls on a shared link.
+    ``socket_ifname`` sends the synchronizer's gloo traffic from that interface (or address
+    alias) rather than ``GLOO_SOCKET_IFNAME``'s, so the network can give it a lower traffic
+    class than training's collectives. ``thread_nice`` raises the shadow thread's nice
+    value (Linux: per thread) so that its CPU work, the round's copies, reduction and socket
+    I/O, yields to training on cores that training keeps busy: the CPU counterpart of a low
+    traffic class.
     """
 
     algorithm: str = "none"
@@ -159,6 +166,8 @@ class SyncConfig:
     backend: Literal["gloo", "nccl"] = "gloo"
     on_failure: Literal["raise", "degrade"] = "raise"
     rejoin_after_steps: int = 200
+    socket_ifname: str | None = None
+    thread_nice: int = 0
 
     def validate(self) -> None:
         """Raises ``ValueError`` naming the ``sync.*`` setting that is out of range or an

@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import logging
 import math
+import os
 import statistics
 import threading
 import time
@@ -167,8 +168,8 @@ def _require_dist() -> None:
         raise RuntimeError("torch.distributed is not initialized: call init_process_group first")
 
 
-def new_sync_group(backend: str = "gloo", timeout: timedelta = timedelta(minutes=10)
-                   ) -> dist.ProcessGroup:
+def new_sync_group(backend: str = "gloo", timeout: timedelta = timedelta(minutes=10),
+                   socket_ifname: str | None = None) -> dist.ProcessGroup:
     """Create the process group that carries synchronization collectives.
 
     A group of its own keeps the runner's allreduces from interleaving with the training loop's
@@ -181,11 +182,30 @@ def new_sync_group(backend: str = "gloo", timeout: timedelta = timedelta(minutes
     to independent communicators on the same device is not safe (NCCL user guide, "Thread
     Safety" / "Using multiple NCCL communicators concurrently"), and a shadow round is exactly
     that.
+
+    ``socket_ifname`` (gloo only) binds the group to that network interface instead of
+    ``GLOO_SOCKET_IFNAME``'s: synchronization traffic then leaves from an address of its own,
+    which a network can put in a lower traffic class than the embedding all-to-alls (or on a
+    second NIC). An address alias (``ip addr add ... label eth0:sync``) counts as an interface.
     """
     _require_dist()
     if timeout <= timedelta(0):
         raise ValueError(f"timeout must be positive, got {timeout}")
-    return dist.new_group(backend=backend, timeout=timeout)
+    if socket_ifname is None:
+        return dist.new_group(backend=backend, timeout=timeout)
+    if backend != "gloo":
+        raise ValueError(f"socket_ifname applies to gloo groups, not {backend!r}")
+    # new_group passes no device options to gloo (torch 2.13 ignores pg_options there); the
+    # group's constructor reads GLOO_SOCKET_IFNAME, so it is set for that call alone.
+    before = os.environ.get("GLOO_SOCKET_IFNAME")
+    os.environ["GLOO_SOCKET_IFNAME"] = socket_ifname
+    try:
+        return dist.new_group(backend=backend, timeout=timeout)
+    finally:
+        if before is None:
+            del os.environ["GLOO_SOCKET_IFNAME"]
+        else:
+            os.environ["GLOO_SOCKET_IFNAME"] = before
 
 
 @torch.no_grad()
@@ -742,7 +762,10 @@ class ShadowSyncRunner(SyncRunner):
     their next round together. With ``chunk_bytes`` the ``max_comm_share`` pause is spread
     between the chunks (each chunk's transfer time times ``1 / max_comm_share - 1``), so a round
     never holds a shared link for more than one chunk at a time and training's own traffic gets
-    through in between. The defaults run rounds back to back.
+    through in between. The defaults run rounds back to back. ``thread_nice`` raises the
+    thread's nice value: on cores that training keeps busy, a round's CPU work (copies,
+    reduction, socket I/O) then runs in the time training leaves, and rounds take longer
+    instead of slowing steps, as ``socket_ifname`` of :func:`new_sync_group` does for the link.
 
     Stopping: :meth:`stop` raises the stop flag in the next round's buffer; every rank's thread
     leaves after that same round (a rank that is still training simply stops receiving syncs).
@@ -776,8 +799,10 @@ class ShadowSyncRunner(SyncRunner):
     def __init__(self, params: Sequence[Tensor], strategy: SyncStrategy,
                  group: dist.ProcessGroup, *, min_interval_s: float = 0.0,
                  max_comm_share: float = 1.0, max_slowdown: float | None = None,
-                 deadline_s: float | None = None, chunk_bytes: int | None = None) -> None:
+                 deadline_s: float | None = None, chunk_bytes: int | None = None,
+                 thread_nice: int = 0) -> None:
         check("min_interval_s", min_interval_s)
+        check("thread_nice", thread_nice)
         check("max_comm_share", max_comm_share)
         if deadline_s is not None and not deadline_s > min_interval_s:
             raise ValueError(f"deadline_s must be > min_interval_s ({min_interval_s}), "
@@ -787,6 +812,7 @@ class ShadowSyncRunner(SyncRunner):
         self._comm_pause = 1 / max_comm_share - 1
         self._min_interval_s = min_interval_s
         self._deadline_s = deadline_s
+        self._thread_nice = thread_nice
         if self._device.type == "cuda":
             self._stream = torch.cuda.Stream(self._device)
         self._thread: threading.Thread | None = None
@@ -916,6 +942,10 @@ class ShadowSyncRunner(SyncRunner):
     # ------------------------------------------------------------------ sync-thread side
     def _thread_main(self) -> None:
         try:
+            if self._thread_nice:
+                # Linux schedules threads one by one: this lowers the sync thread alone.
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(),
+                               os.getpriority(os.PRIO_PROCESS, 0) + self._thread_nice)
             with self._thread_streams():
                 self._loop()
         except BaseException as exc:  # handed to the training loop by step()/stop()

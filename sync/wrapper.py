@@ -303,7 +303,8 @@ class ShadowSyncReplicas(LocalReplicas):
         self._start_runner(self._new_group())
 
     def _new_group(self) -> dist.ProcessGroup:
-        group = new_sync_group(self._backend, timedelta(seconds=self.cfg.timeout_s))
+        group = new_sync_group(self._backend, timedelta(seconds=self.cfg.timeout_s),
+                               self.cfg.socket_ifname)
         self._groups.append(group)
         return group
 
@@ -332,6 +333,7 @@ class ShadowSyncReplicas(LocalReplicas):
                 max_slowdown=cfg.max_slowdown,
                 chunk_bytes=chunk,
                 deadline_s=cfg.timeout_s,
+                thread_nice=cfg.thread_nice,
             )
         self.runner.on_failure = self._report
         self.runner.start()

@@ -32,6 +32,7 @@ def test_overrides_are_typed_and_applied() -> None:
     ("trainer.steps=4", "unknown setting trainer"),
     ("train.batch_size=0", "train.batch_size must be positive"),
     ("sync.alpha=1.5", r"sync.alpha must be in \(0, 1\]"),
+    ("sync.thread_nice=20", r"sync.thread_nice must be in \[0, 19\]"),
     ("sharding.types=[row_wise, bogus]", r"sharding.types\[1\]: must be one of"),
     ("train.steps=true", "train.steps"),
     ("model.embedding_dim=8", "must end in model.embedding_dim"),
@@ -93,6 +94,8 @@ def test_numbers_as_people_type_them() -> None:
     with pytest.raises(ValueError, match="output_dir: 1000.0 does not fit str"):
         load_config("synthetic", ["output_dir=1e3"])
     assert load_config("synthetic", ["output_dir='1e3'"]).output_dir == "1e3"
+    assert load_config("synthetic", ["sync.socket_ifname=eth0:sync"]).sync.socket_ifname == \
+        "eth0:sync"
 
 
 @pytest.mark.parametrize(("overrides", "warned"), [

@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import functools
 import math
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -138,6 +139,8 @@ def test_rejects_bad_arguments(world1: dist.ProcessGroup) -> None:
         (lambda: FixedRateSyncRunner(ps, ma, world1, period=1, chunk_bytes=8), ValueError,
          "chunk_bytes"),
         (lambda: new_sync_group(timeout=timedelta(0)), ValueError, "timeout"),
+        (lambda: new_sync_group("nccl", socket_ifname="lo"), ValueError, "gloo"),
+        (lambda: ShadowSyncRunner(ps, ma, world1, thread_nice=20), ValueError, "thread_nice"),
     ]
     for make, exc, match in cases:
         with pytest.raises(exc, match=match):
@@ -153,6 +156,35 @@ def test_rejects_bad_arguments(world1: dist.ProcessGroup) -> None:
     with pytest.raises(RuntimeError, match="consistent"):
         runner.load_state_dict({})
     runner.stop()
+
+
+def test_thread_nice_lowers_the_sync_thread_alone(world1: dist.ProcessGroup) -> None:
+    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    runner = ShadowSyncRunner(params_of(make_model()), ModelAveraging(), world1, thread_nice=7)
+    runner.start()
+    thread = next(t for t in threading.enumerate() if t.name.startswith("shadowsync-"))
+    deadline = time.perf_counter() + 5.0
+    assert thread.native_id is not None
+    while (os.getpriority(os.PRIO_PROCESS, thread.native_id) != min(base + 7, 19)
+           and time.perf_counter() < deadline):
+        runner.step()  # the thread lowers itself as it starts
+    assert os.getpriority(os.PRIO_PROCESS, thread.native_id) == min(base + 7, 19)
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base
+    runner.stop()
+
+
+def test_socket_ifname_binds_the_sync_group_and_restores_the_environment(
+        world1: dist.ProcessGroup, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "before")
+    group = new_sync_group(timeout=timedelta(seconds=30), socket_ifname="lo")
+    assert os.environ["GLOO_SOCKET_IFNAME"] == "before"
+    x = torch.ones(3)
+    dist.all_reduce(x, group=group)
+    assert x.tolist() == [1.0, 1.0, 1.0]
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME")
+    with pytest.raises(RuntimeError):  # gloo's own error names the interface
+        new_sync_group(timeout=timedelta(seconds=30), socket_ifname="no-such-if0")
+    assert "GLOO_SOCKET_IFNAME" not in os.environ
 
 
 def test_fixed_rate_schedule_follows_periodic_model_averager(world1: dist.ProcessGroup) -> None:
