@@ -15,10 +15,12 @@ is an error.
 from __future__ import annotations
 
 import abc
+import functools
 import logging
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import accumulate
 
 import numpy as np
 import torch
@@ -140,34 +142,49 @@ def make_batch(
 ) -> Batch:
     """A TorchRec ``Batch`` from row-major arrays.
 
-    ``one_hot`` is ``[B, F1]`` (one id per row and feature, the first ``F1`` keys); each array
-    of ``multi_hot`` is ``[B, k]`` padded with ``-1`` (one bag per row, the remaining keys).
+    ``one_hot`` is ``[B, F1]`` (one id per row and feature, the first ``F1`` keys); int32 ids
+    stay int32 (as TorchRec's npy reader gives them), others become int64. Each array of
+    ``multi_hot`` is ``[B, k]`` padded with ``-1`` (one bag per row, the remaining keys).
     """
     bags = multi_hot or []
     if len(keys) != one_hot.shape[1] + len(bags):
         raise ValueError(f"{len(keys)} keys for {one_hot.shape[1] + len(bags)} sparse features")
     n = dense.shape[0]
-    values = [np.ascontiguousarray(one_hot.T).reshape(-1).astype(np.int64, copy=False)]
-    lengths = [np.ones(one_hot.size, dtype=np.int32)]
+    ids = np.ascontiguousarray(one_hot.T).reshape(-1)
+    values = [ids if ids.dtype == np.int32 else ids.astype(np.int64, copy=False)]
+    bag_lengths = []
     per_key = [n] * one_hot.shape[1]
     for bag in bags:
         values.append(bag[bag >= 0].astype(np.int64, copy=False))
-        lengths.append((bag >= 0).sum(axis=1, dtype=np.int32))
+        bag_lengths.append((bag >= 0).sum(axis=1, dtype=np.int32))
         per_key.append(len(values[-1]))
+    lengths, offsets = _one_hot_layout(one_hot.size)
+    if bags:  # the KJT then computes its offsets when they are needed
+        lengths = torch.cat([lengths, torch.from_numpy(np.concatenate(bag_lengths))])
     # Sizes per key are known here, so the KJT need not recompute them from the lengths.
     kjt = KeyedJaggedTensor(
         keys=keys,
         values=torch.from_numpy(values[0] if not bags else np.concatenate(values)),
-        lengths=torch.from_numpy(lengths[0] if not bags else np.concatenate(lengths)),
+        lengths=lengths,
+        offsets=None if bags else offsets,
         stride=n,
         length_per_key=per_key,
-        offset_per_key=np.concatenate([[0], np.cumsum(per_key)]).tolist(),
+        offset_per_key=list(accumulate(per_key, initial=0)),
     )
     return Batch(
         dense_features=torch.from_numpy(np.ascontiguousarray(dense, dtype=np.float32)),
         sparse_features=kjt,
         labels=torch.from_numpy(np.ascontiguousarray(labels, dtype=np.float32).reshape(n)),
     )
+
+
+@functools.lru_cache(maxsize=16)
+def _one_hot_layout(num_ids: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Lengths (all 1) and offsets of ``num_ids`` one-hot ids, made once per size and shared by
+    every batch of that size (never written), as TorchRec's npy reader shares its own: filling
+    400 KB per batch of 4096 rows took 13 us alone and 180 us between the batch's other
+    allocations, against ~200 us for a whole ``criteo_npy`` batch."""
+    return torch.ones(num_ids, dtype=torch.int32), torch.arange(num_ids + 1, dtype=torch.int32)
 
 
 def report_pass(
