@@ -35,6 +35,7 @@ from shadowsync.datasets.criteo_tsv import (
 )
 
 META_FILE = "meta.json"
+_BLOCK_ROWS = 256  # 26 KB of int32 ids on each side of a transposing copy
 
 
 def npy_paths(directory: str, day: str) -> tuple[str, str, str]:
@@ -123,6 +124,7 @@ class CriteoNpy(WindowedDataset):
             ),
         }
         self._sizes = np.asarray(self.spec.num_embeddings, dtype=np.int64)
+        self._id_type = np.result_type(*(a[1] for a in arrays))
         # criteo_preprocess stored ids already modulo these sizes (meta.json says which).
         self._reduce = stored is None
         self.shuffle = shuffle
@@ -134,7 +136,8 @@ class CriteoNpy(WindowedDataset):
         arrays = []
         for path in npy_paths(directory, day):
             try:
-                arrays.append(np.load(path, mmap_mode="r"))
+                # A plain view of the map: slicing a np.memmap costs ~50 us more per batch.
+                arrays.append(np.load(path, mmap_mode="r").view(np.ndarray))
             except (OSError, ValueError) as e:
                 raise OSError(f"{path}: cannot read as .npy: {e}") from e
         dense, sparse, labels = arrays
@@ -151,11 +154,13 @@ class CriteoNpy(WindowedDataset):
         return last.start + last.hi - last.lo
 
     def fetch(self, split: str, start: int, stop: int) -> Batch:
-        """Rows ``[start, stop)`` (may span days), copied once out of the maps: ids straight
-        into the feature-major int64 layout the KJT keeps, so no further copy is made."""
+        """Rows ``[start, stop)`` (may span days), copied once out of the maps, so a batch
+        owns its memory (TorchRec's reader hands out views of read-only maps): ids straight
+        into the feature-major layout the KJT keeps, in the files' int type (int32 from
+        ``criteo_preprocess``, as TorchRec's reader gives them)."""
         n = stop - start
         dense = np.empty((n, INT_FEATURE_COUNT), dtype=np.float32)
-        ids = np.empty((CAT_FEATURE_COUNT, n), dtype=np.int64)
+        ids = np.empty((CAT_FEATURE_COUNT, n), dtype=self._id_type)
         labels = np.empty(n, dtype=np.float32)
         for seg in self._splits[split]:
             lo, hi = max(start - seg.start, 0), min(stop - seg.start, seg.hi - seg.lo)
@@ -163,11 +168,18 @@ class CriteoNpy(WindowedDataset):
                 out = slice(seg.start + lo - start, seg.start + hi - start)
                 rows = slice(seg.lo + lo, seg.lo + hi)
                 dense[out] = seg.arrays[0][rows]
-                ids[:, out] = seg.arrays[1][rows].T
+                _transpose_into(ids[:, out], seg.arrays[1][rows])
                 labels[out] = seg.arrays[2][rows, 0]
         if self._reduce:
             ids %= self._sizes[:, None]
         return make_batch(dense, labels, self.spec.sparse_names, ids.T)
+
+
+def _transpose_into(out: np.ndarray, rows: np.ndarray) -> None:
+    """``out[:] = rows.T`` in blocks of rows that stay in L1 cache: numpy's transposing copy
+    of a whole 4096-row batch of ids took 1.4x as long (78 against 56 us)."""
+    for lo in range(0, len(rows), _BLOCK_ROWS):
+        out[:, lo : lo + _BLOCK_ROWS] = rows[lo : lo + _BLOCK_ROWS].T
 
 
 def _segments(

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import functools
 import gzip
 import math
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 from torchrec.datasets.criteo import InMemoryBinaryCriteoIterDataPipe
 from torchrec.datasets.utils import Batch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from shadowsync.datasets import (
     CriteoFormatError,
@@ -23,6 +26,10 @@ from shadowsync.datasets import (
 )
 from shadowsync.datasets.criteo_npy import npy_paths
 from shadowsync.datasets.criteo_preprocess import main as preprocess_main
+from shadowsync.pipelines.config import load_config
+from shadowsync.pipelines.train import Trainer, init_distributed, plan_ranks
+from shadowsync.sync.wrapper import dense_parameters
+from tests._dist import run_ranks
 
 HEX = "0a1b2c3d"
 
@@ -416,7 +423,8 @@ def assert_same_as_torchrec(ours: list[Batch], theirs: InMemoryBinaryCriteoIterD
     for a, b in zip(ours, theirs_list, strict=True):
         assert torch.equal(a.dense_features, b.dense_features)
         assert torch.equal(a.labels, b.labels.float())
-        assert torch.equal(a.sparse_features.values(), b.sparse_features.values().long())
+        assert a.sparse_features.values().dtype == b.sparse_features.values().dtype
+        assert torch.equal(a.sparse_features.values(), b.sparse_features.values())
 
 
 @pytest.mark.parametrize("batch_size", [64, 100])
@@ -483,3 +491,66 @@ def test_npy_files_load_in_torchrec_and_shares(days: list[str], tmp_path: Path) 
     (first, *_) = CriteoNpy(out, num_embeddings=7).train_batches(64, 0, 1)
     stored = np.load(npy_paths(out, "day_0")[1])[:64]
     assert first.sparse_features.values().tolist() == (stored.T.reshape(-1) % 7).tolist()
+
+
+def test_npy_batches_own_their_memory(npy_dir: str) -> None:
+    """A write to a batch reaches neither the files nor another batch of the same rows."""
+    npy = CriteoNpy(npy_dir)
+    first, second = next(iter(npy.train_batches(64, 0, 1))), next(iter(npy.train_batches(64, 0, 1)))
+    stored = np.load(npy_paths(npy_dir, "day_0")[0])[:64]
+    first.dense_features += 1.0
+    first.sparse_features.values().zero_()
+    first.labels.fill_(7.0)
+    again = next(iter(CriteoNpy(npy_dir).train_batches(64, 0, 1)))
+    for batch in (second, again):
+        assert np.array_equal(batch.dense_features.numpy(), stored)
+        assert batch.sparse_features.values().dtype == torch.int32  # the files' type, as TorchRec
+        assert int(batch.sparse_features.values().count_nonzero()) > 0
+        assert set(batch.labels.tolist()) <= {0.0, 1.0}
+
+
+class _WideIds(CriteoNpy):
+    """criteo_npy with ids widened to int64: what its int32 ids must train exactly as."""
+
+    def fetch(self, split: str, start: int, stop: int) -> Batch:
+        batch = super().fetch(split, start, stop)
+        kjt = batch.sparse_features
+        wide = KeyedJaggedTensor(
+            kjt.keys(), kjt.values().long(), lengths=kjt.lengths(), stride=kjt.stride()
+        )
+        return Batch(batch.dense_features, wide, batch.labels)
+
+
+def _train_npy(rank: int, world_size: int, directory: str) -> list[dict[str, Any]]:
+    env = init_distributed(60)
+    out = []
+    for kind, kernel in (("column_wise", "fused"), ("data_parallel", "dense")):
+        for reader in (CriteoNpy, _WideIds):
+            cfg = load_config("synthetic", [
+                "data.name=criteo_npy", f"data.options={{directory: {directory}}}",
+                "train.batch_size=64", "train.steps=30", "eval.batch_size=100",
+                "eval.every_steps=null", "train.log_every=1000", "sync.algorithm=ddp",
+                f"sharding.types=[{kind}]", f"sharding.compute_kernel={kernel}",
+                "sharding.min_partition=8",
+            ])
+            trainer = Trainer(cfg, env, reader(directory))
+            summary = trainer.train()
+            dense = torch.cat([p.flatten() for p in dense_parameters(trainer.dmp).values()])
+            plan = plan_ranks(trainer.plan)
+            out.append({"summary": summary, "dense": dense.detach(), "plan": plan})
+    return out
+
+
+def test_npy_int32_ids_train_on_every_cpu_sharding_as_int64_ids(npy_dir: str) -> None:
+    """TorchRec's sharded embeddings on CPU (fused tables split by column, whose ids travel in
+    all-to-alls, and data-parallel ones) take the files' int32 ids and train exactly as with
+    int64 ids."""
+    results = run_ranks(functools.partial(_train_npy, directory=npy_dir), timeout_s=300)
+    for i, kind in enumerate(("column_wise", "column_wise", "data_parallel", "data_parallel")):
+        assert {k for k, _ in results[0][i]["plan"].values()} == {kind}
+    for narrow, wide in zip(results[0][::2], results[0][1::2], strict=True):
+        assert narrow["summary"]["step"] == 30
+        assert narrow["summary"]["eval_examples"] == math.ceil(1203 / 2)  # every val row
+        assert torch.equal(narrow["dense"], wide["dense"])
+        assert narrow["summary"]["eval_ne"] == wide["summary"]["eval_ne"]
+
