@@ -13,6 +13,10 @@ interface ``veth0`` (and its own ``lo``); the other end of that veth is port ``p
 up link (host to switch) on the host's ``veth0``, the down link (switch to host) on the switch's
 port. ``--shared-rate`` adds one bucket that every packet entering the switch goes through (an
 ``ifb`` device in the switch namespace), the way hosts behind one oversubscribed uplink share it.
+``--sync-class low`` gives every host a second address, ``198.18.1.<i+1>`` on the alias
+``veth0:sync`` (a job sends its synchronizer's traffic from it with ``sync.socket_ifname``), and
+links that serve that address's packets only when training's have none queued (``tc htb``, two
+classes per link), as a datacenter network does for traffic marked with a lower DSCP class.
 Addresses come from 198.18.0.0/15 (set aside for benchmarks); nothing is attached to the root
 namespace, there is no default route, and every cluster's namespaces are its own, so clusters
 with different names coexist. Needs root.
@@ -57,12 +61,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 PREFIX = "ssc"
 HOST_IF = "veth0"
+SYNC_IF = f"{HOST_IF}:sync"  # address alias that the low traffic class matches
 # `ip netns exec NS` bind-mounts /etc/netns/NS/<file> over /etc/<file>: each host gets a hosts
 # file that names every host, so c10d's reverse lookups of peers succeed (no "hostname of the
 # client socket cannot be retrieved" warnings) without DNS, which no namespace can reach.
 ETC_NETNS = Path("/etc/netns")
 MAX_HOSTS = 254
 _SUBNET = "198.18.0"  # inside 198.18.0.0/15 (RFC 2544, benchmarking); one /24 per cluster
+_SYNC_SUBNET = "198.18.1"  # the hosts' second addresses, under --sync-class low
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$")
 _RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps)$", re.I)
 _SIZE = re.compile(r"^(\d+)(b|k|kb|m|mb)?$", re.I)
@@ -265,6 +271,10 @@ class Cluster:
             packets, both directions, through one bucket): an oversubscribed uplink or
             backplane. ``None`` for a non-blocking switch.
         name: cluster name; namespaces are ``ssc-<name>-h<i>`` and ``ssc-<name>-sw``.
+        sync_class: ``"low"`` adds each host's address on :data:`SYNC_IF` and serves its
+            packets after everything else on every rate-limited link (a strict-priority
+            scheduler that lends the low class whatever the high one leaves); ``"same"``
+            (default): one FIFO per link, every flow equal.
 
     Example::
 
@@ -284,6 +294,7 @@ class Cluster:
         burst: str | None = None,
         shared_rate: str | None = None,
         name: str = "default",
+        sync_class: str = "same",
     ) -> None:
         if not 1 <= hosts <= MAX_HOSTS:
             raise ClusterError(f"hosts={hosts}: must be 1..{MAX_HOSTS}")
@@ -295,6 +306,9 @@ class Cluster:
         self.down_bits = parse_rate(down_rate if down_rate is not None else rate)
         self.shared_bits = parse_rate(shared_rate)
         self.burst_bytes = parse_size(burst)
+        if sync_class not in ("same", "low"):
+            raise ClusterError(f"sync_class {sync_class!r}: must be 'same' or 'low'")
+        self.sync_class = sync_class
         self._is_up = False
         self._previous_handlers: dict[int, Any] = {}
 
@@ -311,12 +325,17 @@ class Cluster:
         """IPv4 address of host ``i`` (``198.18.0.<i+1>``)."""
         return f"{_SUBNET}.{i + 1}"
 
+    def sync_address(self, i: int) -> str:
+        """Host ``i``'s address on :data:`SYNC_IF` (with ``sync_class="low"``)."""
+        return f"{_SYNC_SUBNET}.{i + 1}"
+
     def describe(self) -> str:
         """One line: hosts, link rates and the shared limit."""
         up, dn = _format_rate(self.up_bits), _format_rate(self.down_bits)
         link = up if up == dn else f"up {up} / down {dn}"
         shared = f", shared {_format_rate(self.shared_bits)}" if self.shared_bits else ""
-        return f"cluster {self.name!r}: {self.hosts} hosts, links {link}{shared}"
+        low = ", sync traffic in a low class" if self.sync_class == "low" else ""
+        return f"cluster {self.name!r}: {self.hosts} hosts, links {link}{shared}{low}"
 
     # -- lifecycle ---------------------------------------------------------------------------
     def up(self) -> Cluster:
@@ -356,6 +375,9 @@ class Cluster:
             _run(["ip", "-n", sw, "link", "set", port, "master", "br0"])
             _run(["ip", "-n", sw, "link", "set", port, "up"])
             _run(["ip", "-n", ns, "addr", "add", f"{self.address(i)}/24", "dev", HOST_IF])
+            if self.sync_class == "low":
+                _run(["ip", "-n", ns, "addr", "add", f"{self.sync_address(i)}/24", "dev",
+                      HOST_IF, "label", SYNC_IF])
             _run(["ip", "-n", ns, "link", "set", HOST_IF, "up"])
             self._write_hosts_file(i)
             self._limit(ns, HOST_IF, self.up_bits)
@@ -389,8 +411,26 @@ class Cluster:
         if bits is None:
             return
         burst = self.burst_bytes if self.burst_bytes is not None else default_burst(bits)
-        _run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf",
-              "rate", f"{bits}bit", "burst", str(burst), "latency", _TBF_LATENCY])
+        if self.sync_class == "same":
+            _run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf",
+                  "rate", f"{bits}bit", "burst", str(burst), "latency", _TBF_LATENCY])
+            return
+        # htb: the link's rate shared by two classes. Training's (1:10, the default) is assured
+        # all but 1% of it and goes first; sync's (1:20, packets from the sync subnet) is
+        # assured 1% and borrows whatever training leaves. Each class has its own queue, so a
+        # training packet waits behind at most one sync packet, never behind a whole round.
+        tc = ["tc", "-n", ns]
+        low = bits // 100
+        _run([*tc, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "10"])
+        _run([*tc, "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb",
+              "rate", f"{bits}bit", "ceil", f"{bits}bit", "burst", str(burst),
+              "cburst", str(burst)])
+        for leaf, rate, prio in (("1:10", bits - low, "0"), ("1:20", low, "1")):
+            _run([*tc, "class", "add", "dev", dev, "parent", "1:1", "classid", leaf, "htb",
+                  "rate", f"{rate}bit", "ceil", f"{bits}bit", "burst", str(burst),
+                  "cburst", str(burst), "prio", prio])
+        _run([*tc, "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1",
+              "u32", "match", "ip", "src", f"{_SYNC_SUBNET}.0/24", "flowid", "1:20"])
 
     def down(self) -> None:
         """Removes this cluster (see :func:`down`); idempotent."""
@@ -542,21 +582,28 @@ class Cluster:
                 procs[i].wait()
 
     def probe(self, sizes_mb: Sequence[float] = (1, 8, 32), repeats: int = 3,
-              timeout_s: float = 600, on_line: LineSink | None = None) -> list[ProbeResult]:
+              timeout_s: float = 600, on_line: LineSink | None = None,
+              contend_mb: float | None = None) -> list[ProbeResult]:
         """Times a gloo allreduce of each size across all hosts (one warm-up, then the median
         of ``repeats``): what the links give a dense synchronization round.
+
+        With ``contend_mb``, each timed allreduce runs while a second process group (from
+        :data:`SYNC_IF` under ``sync_class="low"``) sends allreduces of that size back to
+        back, as a shadow synchronizer does beside training's collectives: the time then says
+        what background sync traffic costs training's own on these links.
 
         Args:
             sizes_mb: payload sizes in MB (10**6 bytes) of float32.
             repeats: timed allreduces per size.
+            contend_mb: size of the background allreduces (None: none).
             timeout_s: give up (:class:`ClusterError`) after this long.
             on_line: gets the probe processes' other output; default drops it, and a failure
                 raises with its last lines.
         """
         if self.hosts < 2:
             raise ClusterError("probe needs at least 2 hosts")
-        if repeats < 1 or not sizes_mb or min(sizes_mb) <= 0:
-            raise ClusterError("probe needs repeats >= 1 and sizes > 0")
+        if repeats < 1 or not sizes_mb or min(sizes_mb) <= 0 or (contend_mb or 1) <= 0:
+            raise ClusterError("probe needs repeats >= 1 and sizes (and contend_mb) > 0")
         results: list[ProbeResult] = []
         tail: list[str] = []
 
@@ -572,6 +619,10 @@ class Cluster:
 
         argv = [str(Path(__file__).resolve()), "_probe-worker", "--repeats", str(repeats),
                 "--sizes", *[f"{s:g}" for s in sizes_mb]]
+        if contend_mb is not None:
+            argv += ["--contend-mb", f"{contend_mb:g}"]
+            if self.sync_class == "low":
+                argv += ["--contend-ifname", SYNC_IF]
         rc = self.launch(argv, timeout_s=timeout_s, on_line=collect)
         if rc != 0 or len(results) != len(sizes_mb):
             raise ClusterError(f"probe failed (exit {rc}): " + " | ".join(tail[-5:]))
@@ -608,8 +659,16 @@ def _probe_worker(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="cluster.py _probe-worker")
     parser.add_argument("--sizes", type=float, nargs="+", required=True)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--contend-mb", type=float, default=None)
+    parser.add_argument("--contend-ifname", default=None)
     args = parser.parse_args(argv)
     dist.init_process_group("gloo")
+    background = None
+    if args.contend_mb is not None:
+        from shadowsync.sync.runner import new_sync_group
+
+        background = _Contender(new_sync_group(socket_ifname=args.contend_ifname),
+                                args.contend_mb)
     for size in args.sizes:
         x = torch.ones(max(1, int(size * 1e6 / 4)))
         dist.all_reduce(x)  # warm-up: connections, buffers
@@ -624,8 +683,38 @@ def _probe_worker(argv: list[str]) -> int:
         if dist.get_rank() == 0:
             seconds = statistics.median(slowest.tolist())
             print(_PROBE_TAG + json.dumps({"size_mb": size, "seconds": seconds}), flush=True)
+    if background is not None:
+        background.stop()
     dist.destroy_process_group()
     return 0
+
+
+class _Contender:
+    """Allreduces of ``size_mb`` back to back on ``group``, on a thread, until :meth:`stop`.
+    The stop request rides in the buffer (its first element), so every rank leaves after the
+    same collective and none is left waiting in one."""
+
+    def __init__(self, group: Any, size_mb: float) -> None:
+        import torch
+
+        self._group = group
+        self._buf = torch.zeros(max(2, int(size_mb * 1e6 / 4)))
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import torch.distributed as dist
+
+        while True:
+            self._buf[0] = 1.0 if self._stopping.is_set() else 0.0
+            dist.all_reduce(self._buf, group=self._group)
+            if self._buf[0].item() > 0:
+                return
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._thread.join()
 
 
 # -- command line -----------------------------------------------------------------------------
@@ -661,11 +750,16 @@ def _cluster_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shared-rate", default=None,
                         help="one limit all hosts' traffic through the switch shares "
                              "(an oversubscribed uplink; default: none)")
+    parser.add_argument("--sync-class", choices=("same", "low"), default="same",
+                        help=f"low: a second address per host on {SYNC_IF}, whose traffic "
+                             "every link serves after the rest (pass sync.socket_ifname="
+                             f"{SYNC_IF} to the job); same: one FIFO per link (default)")
 
 
 def _make(args: argparse.Namespace) -> Cluster:
     return Cluster(args.hosts, args.rate, up_rate=args.up_rate, down_rate=args.down_rate,
-                   burst=args.burst, shared_rate=args.shared_rate, name=args.name)
+                   burst=args.burst, shared_rate=args.shared_rate, name=args.name,
+                   sync_class=args.sync_class)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -690,6 +784,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sizes", type=float, nargs="+", default=[1.0, 8.0, 32.0],
                    help="allreduce sizes in MB (default: 1 8 32)")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--contend-mb", type=float, default=None,
+                   help="time each allreduce beside back-to-back allreduces of this size on "
+                        "a second group (from the sync address with --sync-class low): what "
+                        "background sync traffic costs training's collectives")
     p.add_argument("--json", action="store_true", help="one JSON object per size")
     return parser
 
@@ -735,7 +833,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"# {cluster.describe()}", file=sys.stderr, flush=True)
             if args.cmd == "run":
                 return cluster.launch(command, timeout_s=args.timeout)
-            results = cluster.probe(args.sizes, args.repeats)
+            results = cluster.probe(args.sizes, args.repeats, contend_mb=args.contend_mb)
         for r in results:
             if args.json:
                 print(json.dumps({"size_mb": r.size_mb, "seconds": r.seconds, "hosts": r.hosts,

@@ -35,6 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cluster import (  # noqa: E402  (a script beside this one)
+    SYNC_IF,
     Cluster,
     ClusterError,
     Interrupted,
@@ -43,17 +44,20 @@ from cluster import (  # noqa: E402  (a script beside this one)
 
 ROOT = Path(__file__).resolve().parents[1]
 FR_PERIODS = (1, 2, 5, 10, 20, 50)
-# Shadow settings, from the most frequent synchronization to the cheapest: back to back, at
-# most half the link's time, and the accepted-slowdown pacer at 20% and 5%.
-SHADOW = ("back to back: sync.max_slowdown=null",
-          "link 50%: sync.max_slowdown=null sync.max_comm_share=0.5",
-          "20%: sync.max_slowdown=0.2",
-          "5%: sync.max_slowdown=0.05")
-# Every shadow arm sends its round in chunks of CHUNK_MS of link time (sync.chunk_mb from the
-# link's rate): on a link shared with the embedding all-to-alls, one whole-buffer burst queues
-# each all-to-all behind it (measured at 200 Mbit/s, back to back: 0.48 of none's examples/s
-# unchunked, 0.67 in 64 KB chunks), while much smaller chunks than that pay a collective's
-# fixed cost too often on a fast link. Unlimited links get no chunks.
+# Shadow settings, from the most frequent synchronization to the cheapest: back to back with
+# the sync thread at the training threads' priority, then lowered by 10 and 19 nice levels
+# ("n10", "n19": rounds use the CPU time training leaves, so they take longer and cost less),
+# and the accepted-slowdown pacer at 5% with the thread at nice 10.
+SHADOW = ("b2b: sync.max_slowdown=null",
+          "b2b n10: sync.max_slowdown=null sync.thread_nice=10",
+          "b2b n19: sync.max_slowdown=null sync.thread_nice=19",
+          "5% n10: sync.max_slowdown=0.05 sync.thread_nice=10")
+# With --sync-class same (one FIFO per link) every shadow arm sends its round in chunks of
+# CHUNK_MS of link time (sync.chunk_mb from the link's rate): a whole-buffer burst would queue
+# each embedding all-to-all behind it (measured at 200 Mbit/s, back to back: 0.48 of none's
+# examples/s unchunked, 0.67 in 64 KB chunks), while much smaller chunks pay a collective's
+# fixed cost too often on a fast link. In the low class training's packets go first anyway, so
+# rounds go whole; unlimited links get no chunks either.
 CHUNK_MS = 2.5
 SHADOW_COMMON = ""
 
@@ -70,13 +74,15 @@ WIRE_TAGS = {"float32": "", "bfloat16": " bf16", "float16": " fp16"}
 
 
 def default_arms(algorithm: str, periods: Sequence[int], shadow: Sequence[str],
-                 wires: Sequence[str] = ("float32",), shadow_common: str = "") -> list[str]:
+                 wires: Sequence[str] = ("float32",), shadow_common: str = "",
+                 sync_common: str = "") -> list[str]:
     """``bench_sync --arm`` specs: none, ddp, then for each wire dtype FR-k for each period and
     a shadow arm for each ``"label: overrides"`` in ``shadow`` (FR and shadow of one wire
-    dtype send the same bytes a round)."""
+    dtype send the same bytes a round); ``sync_common`` goes to every FR and shadow arm."""
     arms = ["none: sync.algorithm=none", "ddp: sync.algorithm=ddp"]
     for wire in wires:
-        tag, opt = WIRE_TAGS[wire], f" sync.wire_dtype={wire}"
+        tag, opt = WIRE_TAGS[wire], f" sync.wire_dtype={wire}" + (f" {sync_common}"
+                                                                   if sync_common else "")
         arms += [f"FR k={k}{tag}: sync.algorithm={algorithm} sync.mode=fixed_rate "
                  f"sync.period={k}{opt}" for k in periods]
         for spec in shadow:
@@ -107,7 +113,8 @@ def run_job(out: Path, hosts: int, link: str, args: argparse.Namespace, command:
             "--json", str(raw.resolve()),
             *[f"--arm={a}" for a in default_arms(
                 args.algorithm, args.periods, args.shadow, args.wires,
-                f"{chunk_override(link, args.chunk_ms)} {args.shadow_common}".strip())],
+                f"{chunk_override(link, args.chunk_ms)} {args.shadow_common}".strip(),
+                f"sync.socket_ifname={SYNC_IF}" if args.sync_class == "low" else "")],
             *args.overrides]
     arms = [a.removeprefix("--arm=") for a in argv if a.startswith("--arm=")]
     (out / "raw" / f"{name}.cmd").write_text(command + "\n" + "".join(f"  arm {a}\n"
@@ -120,7 +127,8 @@ def run_job(out: Path, hosts: int, link: str, args: argparse.Namespace, command:
             print(f"  {name}: {line}", flush=True)
 
     began = time.perf_counter()
-    with log, Cluster(hosts=hosts, rate=link, name=f"frontier{hosts}") as cluster:
+    with log, Cluster(hosts=hosts, rate=link, name=f"frontier{hosts}",
+                      sync_class=args.sync_class) as cluster:
         rc = cluster.launch(argv, on_line=on_line, timeout_s=args.job_timeout_s)
     print(f"{name}: exit {rc} after {time.perf_counter() - began:.0f} s", flush=True)
     return rc
@@ -294,8 +302,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="shadow arms as 'label: overrides'")
     parser.add_argument("--shadow-common", default=SHADOW_COMMON,
                         help="overrides every shadow arm gets")
-    parser.add_argument("--chunk-ms", type=float, default=CHUNK_MS,
-                        help="shadow rounds in chunks of this much link time (0: no chunks)")
+    parser.add_argument("--chunk-ms", type=float, default=None,
+                        help="shadow rounds in chunks of this much link time (0: no chunks; "
+                             f"default {CHUNK_MS} with --sync-class same, else 0)")
     parser.add_argument("--wires", nargs="+", default=["float32"], choices=list(WIRE_TAGS),
                         help="wire dtypes of the FR and shadow arms (each gets both curves)")
     parser.add_argument("--steps", type=int, default=100)
@@ -307,8 +316,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="skip (hosts, link) jobs whose raw JSON exists")
     parser.add_argument("--report-only", action="store_true")
     parser.add_argument("--tag", default="", help="suffix of this sweep's job names")
+    parser.add_argument("--sync-class", choices=("same", "low"), default="low",
+                        help="low (default): the FR and shadow arms' sync traffic in a low "
+                             "traffic class on every link (cluster.py --sync-class); same: one "
+                             "FIFO per link")
     parser.add_argument("overrides", nargs="*", help="overrides common to every arm")
     args = parser.parse_args(argv)
+    if args.chunk_ms is None:
+        args.chunk_ms = CHUNK_MS if args.sync_class == "same" else 0.0
     (args.out / "raw").mkdir(parents=True, exist_ok=True)
     command = "python benchmarks/frontier.py " + " ".join(sys.argv[1:] if argv is None else argv)
     if not args.report_only:

@@ -84,6 +84,11 @@ def test_bad_settings_fail_before_touching_the_system() -> None:
     assert Path(argv[4]) == Path(sys.executable).parent / "torchrun"
     assert argv[5:] == ["--nnodes=3", "--nproc_per_node=1", "--node_rank=2",
                         "--master_addr=198.18.0.1", "--master_port=29500", "-m", "mod", "a=b c"]
+    with pytest.raises(cl.ClusterError, match="sync_class"):
+        cl.Cluster(sync_class="high")
+    low = cl.Cluster(hosts=2, rate="1gbit", name="y", sync_class="low")
+    assert low.describe() == "cluster 'y': 2 hosts, links 1gbit, sync traffic in a low class"
+    assert low.sync_address(1) == "198.18.1.2" and low.address(1) == "198.18.0.2"
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="checks the message a non-root user gets")
@@ -148,6 +153,33 @@ def test_limited_link_and_training_across_hosts(root_ns: None) -> None:
     # prints nothing now that third-party warnings are quiet; test_sigterm_tears_down checks
     # that a host's output comes back.)
     assert sent - sent_before > 100_000 and received > 100_000, (sent, received)
+    assert _ours() == []
+
+
+@pytest.mark.timeout(180)
+def test_low_sync_class_keeps_training_traffic_ahead_of_sync_rounds(root_ns: None) -> None:
+    # 1 MB alone takes 40 ms at 200 Mbit/s (25 MB/s). Beside back-to-back 8 MB rounds of a
+    # second group, one FIFO per link queues it behind them (~110 ms measured); with the sync
+    # rounds in the low class it goes first (~40 ms).
+    times = {}
+    for sync_class in ("same", "low"):
+        with cl.Cluster(hosts=2, rate="200mbit", name=NAME, sync_class=sync_class) as c:
+            (r,) = c.probe([1], repeats=3, contend_mb=8)
+            times[sync_class] = r.seconds
+    assert times["low"] < 0.08, times
+    assert times["same"] > 1.5 * times["low"], times
+    # A shadow job sends its rounds from the sync address, and they cross the link in the low
+    # class while its all-to-alls use the default one.
+    shadow = [*TRAIN, "sync.algorithm=ma", "sync.mode=shadow", f"sync.socket_ifname={cl.SYNC_IF}"]
+    lines: list[str] = []
+    with cl.Cluster(hosts=2, rate="1gbit", name=NAME, sync_class="low") as c:
+        rc = c.launch(shadow, on_line=lambda h, line: lines.append(line), timeout_s=90)
+        stats = subprocess.run(["tc", "-n", c.host_ns(1), "-s", "class", "show", "dev",
+                                cl.HOST_IF], capture_output=True, text=True, check=True).stdout
+    assert rc == 0, "\n".join(lines[-40:])
+    sent = {m[0]: int(m[1]) for m in re.findall(r"class htb (1:\d+) .*\n\s*Sent (\d+) bytes",
+                                                 stats)}
+    assert sent["1:20"] > 50_000 and sent["1:10"] > 50_000, stats
     assert _ours() == []
 
 

@@ -92,6 +92,12 @@ def test_dominance_compares_arms_that_send_the_same_bytes() -> None:
     assert arms[-1].split() == ["S", "5%", "bf16:", "sync.algorithm=ma", "sync.mode=shadow",
                                 "sync.max_slowdown=0.05", "sync.chunk_mb=1",
                                 "sync.wire_dtype=bfloat16"]
+    # Sync traffic in the low class: FR and shadow arms bind the sync group to the sync address.
+    arms = fr.default_arms("ma", [5], ["b2b: sync.max_slowdown=null"],
+                           sync_common="sync.socket_ifname=veth0:sync")
+    assert arms[:2] == ["none: sync.algorithm=none", "ddp: sync.algorithm=ddp"]
+    assert all(a.endswith("sync.wire_dtype=float32 sync.socket_ifname=veth0:sync")
+               for a in arms[2:]), arms
 
 
 def test_chunks_are_sized_by_link_time() -> None:
