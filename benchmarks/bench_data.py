@@ -8,7 +8,11 @@ every reader alike, two pairs that produce the same batches (dense float32
 - TSV: TorchRec's ``CriteoIterDataPipe`` (its own per-value casting) batched into ``Batch``es
   with our transforms, against ``criteo_tsv`` (with and without pyarrow's threads);
 - npy: TorchRec's ``InMemoryBinaryCriteoIterDataPipe(mmap_mode=True)`` against ``criteo_npy``
-  on the same files, ``--npy-passes`` passes per timing (one pass is too short to time).
+  on the same files, ``--npy-passes`` passes of each per round, the two alternating pass by
+  pass, each timed by the median of its passes in the round (a pass takes milliseconds, so
+  one preemption would otherwise decide the round). ``criteo_npy`` does a little more: its
+  batches own their memory (dense features and float labels copied out of the maps),
+  TorchRec's alias the read-only maps (int labels).
 
 Prints the median rows/s of each reader with the range over rounds, and per-round speed
 ratios (ours / TorchRec's) with their range; a claim holds only if the whole range does.
@@ -29,7 +33,6 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
-from itertools import chain
 
 import numpy as np
 from torchrec.datasets.criteo import (
@@ -78,7 +81,7 @@ def main() -> None:
     parser.add_argument("--num-embeddings", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=5, help="interleaved runs of every reader")
     parser.add_argument(
-        "--npy-passes", type=int, default=10, help="passes per npy timing (one pass is short)"
+        "--npy-passes", type=int, default=20, help="alternating passes of each npy reader a round"
     )
     args = parser.parse_args()
     b, n_emb = args.batch_size, args.num_embeddings
@@ -111,12 +114,10 @@ def main() -> None:
             "TorchRec CriteoIterDataPipe -> Batch": lambda: torchrec_tsv_batches(day0, b, n_emb),
             "criteo_tsv": lambda: ours.train_batches(b, 0, 1),
             "criteo_tsv, use_threads=False": lambda: single.train_batches(b, 0, 1),
-            "TorchRec InMemoryBinaryCriteoIterDataPipe (mmap)": lambda: chain.from_iterable(
-                [theirs_npy] * args.npy_passes
-            ),
-            "criteo_npy (mmap)": lambda: chain.from_iterable(
-                npy.train_batches(b, 0, 1) for _ in range(args.npy_passes)
-            ),
+        }
+        npy_readers: dict[str, Callable[[], Iterable[Batch]]] = {
+            "TorchRec InMemoryBinaryCriteoIterDataPipe (mmap)": lambda: theirs_npy,
+            "criteo_npy (mmap)": lambda: npy.train_batches(b, 0, 1),
         }
         with open(day0, "rb") as src, gzip.open(f"{day0}.gz", "wb") as dst:
             shutil.copyfileobj(src, dst)
@@ -129,13 +130,21 @@ def main() -> None:
             for rank in (0, 3)
         }
         rows: dict[str, int] = {}
-        seconds: dict[str, list[float]] = {name: [] for name in [*readers, *starts]}
+        seconds: dict[str, list[float]] = {name: [] for name in [*readers, *npy_readers, *starts]}
         inflate: list[float] = []
         for _ in range(args.rounds):
             for name, run in readers.items():
                 start = time.perf_counter()
                 rows[name] = count_rows(run())
                 seconds[name].append(time.perf_counter() - start)
+            passes: dict[str, list[float]] = {name: [] for name in npy_readers}
+            for i in range(args.npy_passes):
+                for name in list(npy_readers)[:: 1 if i % 2 else -1]:
+                    start = time.perf_counter()
+                    rows[name] = count_rows(npy_readers[name]())
+                    passes[name].append(time.perf_counter() - start)
+            for name, times in passes.items():
+                seconds[name].append(statistics.median(times))
             for name, first_batch in starts.items():
                 start = time.perf_counter()
                 first_batch()
@@ -148,7 +157,7 @@ def main() -> None:
     print(f"\n{args.rows:,} rows, batch size {b}, {args.rounds} interleaved rounds\n")
     print("| reader | rows | rows/s (median) | rows/s (min - max) |")
     print("|---|---:|---:|---:|")
-    for name in readers:
+    for name in [*readers, *npy_readers]:
         times = seconds[name]
         rates = [rows[name] / t for t in times]
         print(
