@@ -136,7 +136,7 @@ def summarize(runs: list[list[dict[str, Any]]]) -> dict[str, Any]:
         for r in run:
             entry = by_arm.setdefault(r["arm"], {"runs_examples_per_s": [], "runs_sync_gap": []})
             entry["runs_examples_per_s"].append(r["examples_per_s"])
-            entry["runs_sync_gap"].append(r.get("sync_sync_gap_mean", float("nan")))
+            entry["runs_sync_gap"].append(r.get("sync_gap_mean", float("nan")))
     for entry in by_arm.values():
         entry["examples_per_s"] = statistics.median(entry["runs_examples_per_s"])
         gaps = [g for g in entry["runs_sync_gap"] if g == g]

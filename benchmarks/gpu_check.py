@@ -142,7 +142,7 @@ def run_case(rank: int, device: torch.device, case: Case, group: dist.ProcessGro
     checks.append(("finite", float(not bool(final.isfinite().all()))))
     s = runner.stats()
     row = {"case": case.name, "device": device.type, "rounds": s.rounds,
-           "syncs": s.syncs_applied, "gap": s.sync_gap_mean, "staleness": s.staleness_mean,
+           "syncs": s.syncs_applied, "gap": s.gap_mean, "staleness": s.staleness_mean,
            "checks": checks}
     return row, final
 

@@ -207,7 +207,7 @@ def run_arm(arm: Arm, rank: int, world: int, device: torch.device, data: Planted
     if runner is not None:
         runner.stop(final_sync=True)
         stats = runner.stats()
-        row.update(sync_gap=stats.sync_gap_mean, syncs=stats.syncs_applied)
+        row.update(sync_gap=stats.gap_mean, syncs=stats.syncs_applied)
     row["auc"], row["planted_auc"] = evaluate(model, data, rank, world, s)
     return row
 

@@ -53,6 +53,7 @@ from bench_sync import aggregate, parse_arm, run_all, table
 from shadowsync.datasets import build_dataset
 from shadowsync.pipelines.build import DistEnv, init_distributed
 from shadowsync.pipelines.config import load_config
+from shadowsync.pipelines.records import current_keys
 from shadowsync.pipelines.trainer import Trainer
 
 PERIODS = (1, 10, 100)
@@ -465,7 +466,8 @@ def main() -> int:
     args.out = args.out or (Path("runs/paper_quick") if args.quick else design.out)
     logging.basicConfig(level=logging.WARNING, force=True)
     if args.report_only:
-        write(json.loads((args.out / "runs.json").read_text()), args, design.ranks)
+        rows = [current_keys(r) for r in json.loads((args.out / "runs.json").read_text())]
+        write(rows, args, design.ranks)
         return 0
     arms = args.arm or [parse_arm(a) for a in design.arms]
     if args.quick:

@@ -57,6 +57,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from shadowsync.pipelines.records import current_keys
+
 TRAINERS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000)
 STRATEGIES = ("ma", "easgd", "bmuf")
 DEFAULT_PERIOD = 10
@@ -652,7 +654,7 @@ def measure_testbed(rows: Sequence[Mapping[str, Any]], hosts: int
                                       / (hosts * int(r["step"])) for r in mine])),
             examples_per_s=_median([float(r["examples_per_s"]) for r in mine]),
             ratio=_median(ratios), ratio_min=min(ratios), ratio_max=max(ratios),
-            gap=_nanmean([float(r.get("sync_sync_gap_mean", math.nan)) for r in mine]),
+            gap=_nanmean([float(r.get("sync_gap_mean", math.nan)) for r in mine]),
             steps=int(_median([int(r["step"]) for r in mine])),
             round_bytes=_nanmean([r["sync_bytes_reduced"] / n
                                   for r, n in zip(synced, allreduces, strict=True)]),
@@ -874,12 +876,12 @@ def predict_testbed(arm: TestbedArm, job: TestbedJob, k: TestbedConstants) -> Te
 
 def load_testbed(directory: Path) -> dict[tuple[int, str], list[dict[str, Any]]]:
     """Every ``raw/h<N>_<link>[-<tag>].json`` under a frontier output directory (or the raw
-    one), keyed by (N, ``<link>[-<tag>]``)."""
+    one), keyed by (N, ``<link>[-<tag>]``), its rows under current key names."""
     raw = directory / "raw" if (directory / "raw").is_dir() else directory
     jobs = {}
     for path in sorted(raw.glob("h*_*.json")):
         hosts, link = path.stem.split("_", 1)
-        jobs[int(hosts[1:]), link] = json.loads(path.read_text())
+        jobs[int(hosts[1:]), link] = [current_keys(r) for r in json.loads(path.read_text())]
     return jobs
 
 

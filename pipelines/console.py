@@ -93,8 +93,8 @@ class ConsoleLog:
                 parts.append(f"{name} {rounded(record[key])}")
         if "examples_per_s" in record:
             parts.append(f"{record['examples_per_s']:,.0f} ex/s")
-        if "sync_sync_gap_mean" in record:
-            parts.append(f"sync gap {record['sync_sync_gap_mean']:.1f}")
+        if "sync_gap_mean" in record:
+            parts.append(f"sync gap {record['sync_gap_mean']:.1f}")
         eta = self._eta(step)
         if eta is not None:
             parts.append(f"ETA {eta}")

@@ -80,9 +80,9 @@ class SyncStats:
         steps: training steps seen by :meth:`SyncRunner.step`.
         rounds: strategy rounds completed (the final consensus is not a round).
         syncs_applied: deltas added to the live replica.
-        sync_gap_mean: mean training steps between consecutive applied syncs (the first gap
+        gap_mean: mean training steps between consecutive applied syncs (the first gap
             counts from the first step); NaN before any sync.
-        sync_gap_max: largest such gap; 0 before any sync.
+        gap_max: largest such gap; 0 before any sync.
         staleness_mean: mean training steps between a round's snapshot and the application of its
             delta (0 for fixed-rate); NaN before any sync.
         staleness_max: largest such staleness.
@@ -99,8 +99,8 @@ class SyncStats:
     steps: int
     rounds: int
     syncs_applied: int
-    sync_gap_mean: float
-    sync_gap_max: int
+    gap_mean: float
+    gap_max: int
     staleness_mean: float
     staleness_max: int
     comm_seconds: float
@@ -360,8 +360,8 @@ class SyncRunner(abc.ABC):
             steps=c.steps,
             rounds=c.rounds,
             syncs_applied=applied,
-            sync_gap_mean=c.gap_sum / applied if applied else math.nan,
-            sync_gap_max=c.gap_max,
+            gap_mean=c.gap_sum / applied if applied else math.nan,
+            gap_max=c.gap_max,
             staleness_mean=c.staleness_sum / applied if applied else math.nan,
             staleness_max=c.staleness_max,
             comm_seconds=c.comm_seconds,

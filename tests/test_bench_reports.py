@@ -44,7 +44,7 @@ def test_verdicts_call_a_difference_only_beyond_three_sd() -> None:
           "FR-MA k=10": [0.842, 0.846, 0.838], "S-MA": [0.846, 0.848, 0.844]}
     gaps = {"FR-MA k=1": 1.0, "FR-MA k=10": 9.8, "S-MA": 4.0}
     ne["FR-MA k=1"] = ne["ddp"]
-    rows = [{**_row(arm, seed, 100.0), "eval_ne": v, "sync_sync_gap_mean": gaps.get(arm, 1.0)}
+    rows = [{**_row(arm, seed, 100.0), "eval_ne": v, "sync_gap_mean": gaps.get(arm, 1.0)}
             for arm, values in ne.items() for seed, v in enumerate(values)]
     assert paper.compare(rows, "none", "ddp")[2] == "worse by 30.0 sd"
     # S-MA - ddp = 0.006 = 3 sd exactly: not beyond the bar; FR-MA's sd is the larger one there

@@ -10,7 +10,7 @@ from shadowsync.pipelines.console import LOG_DIR_ENV, ConsoleLog, locations, log
 
 RECORD = {"step": 400, "loss": 0.532149, "ne": 0.871234567, "lifetime_ne": 0.9, "auc": 0.746812,
           "calibration": 1.01, "examples_per_s": 98765.4321, "examples": 409600.0,
-          "sync_sync_gap_mean": 11.2857, "sync_syncs_applied": 35.0}
+          "sync_gap_mean": 11.2857, "sync_syncs_applied": 35.0}
 
 
 def test_progress_line_is_rounded_and_counts_down(monkeypatch: pytest.MonkeyPatch) -> None:

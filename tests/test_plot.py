@@ -20,9 +20,9 @@ def _run(ne: float, batch: int, t0: float = 1.7e9) -> list[dict[str, Any]]:
     """Two training records, an eval and the summary, as the trainer writes them."""
     return [
         {"step": 100, "loss": 0.6, "ne": ne, "auc": 0.7, "examples_per_s": 1e4,
-         "examples": 100.0 * batch * 2, "sync_sync_gap_mean": 9.5, "time": t0 + 10},
+         "examples": 100.0 * batch * 2, "sync_gap_mean": 9.5, "time": t0 + 10},
         {"step": 200, "loss": 0.5, "ne": ne - 0.05, "auc": 0.75, "examples_per_s": 1.1e4,
-         "examples": 200.0 * batch * 2, "sync_sync_gap_mean": 10.5, "time": t0 + 20},
+         "examples": 200.0 * batch * 2, "sync_gap_mean": 10.5, "time": t0 + 20},
         {"step": 200, "eval_ne": ne - 0.02, "eval_auc": 0.74, "time": t0 + 21},
         {"summary": True, "step": 200, "eval_ne": ne - 0.02, "eval_auc": 0.74,
          "examples_per_s": 1.05e4, "time": t0 + 22},
@@ -81,6 +81,13 @@ def test_examples_axis_puts_batch_sizes_on_one_scale() -> None:
         x_values([{k: v for k, v in r.items() if k != "time"} for r in small], "time", "old")
     with pytest.raises(ValueError, match="evals: --x examples needs training records"):
         x_values([small[2]], "examples", "evals")
+
+
+def test_runs_saved_under_old_key_names_read_as_new_ones(tmp_path: Path) -> None:
+    new = _run(0.9, 512)
+    old = [{"sync_sync_gap_mean" if k == "sync_gap_mean" else k: v for k, v in r.items()}
+           for r in new]
+    assert plot.read_run(_write(tmp_path / "old", old)) == new
 
 
 def test_non_finite_runs_are_marked_not_dropped(tmp_path: Path) -> None:

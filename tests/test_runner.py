@@ -195,7 +195,7 @@ def test_fixed_rate_schedule_follows_periodic_model_averager(world1: dist.Proces
         runner.step()
     s = runner.stats()
     assert (s.steps, s.rounds, s.syncs_applied) == (7, 3, 3)  # after steps 1, 4, 7
-    assert (s.sync_gap_max, s.staleness_max, s.staleness_mean) == (3, 0, 0.0)
+    assert (s.gap_max, s.staleness_max, s.staleness_mean) == (3, 0, 0.0)
     resumed = FixedRateSyncRunner(params_of(model), ModelAveraging(), world1, period=3)
     resumed.start()
     resumed.load_state_dict(runner.state_dict())  # allowed while running: no thread
@@ -409,7 +409,7 @@ def test_shadow_runs_sync_in_the_background_and_end_identical() -> None:
             during, after = run["during"], run["after"]
             label = f"rank {rank} {spec.name}: {during}"
             assert during.syncs_applied > 0 and during.rounds >= during.syncs_applied, label
-            assert 1.0 <= during.sync_gap_mean <= during.sync_gap_max < SHADOW_STEPS, label
+            assert 1.0 <= during.gap_mean <= during.gap_max < SHADOW_STEPS, label
             assert 0 <= during.staleness_mean <= during.staleness_max, label
             assert during.comm_seconds > 0 and during.rounds_per_s > 0, label
             # every round reduces numel + 2 + world size wire values (payload, stop, quiet
@@ -683,4 +683,4 @@ def test_accepted_slowdown_spaces_rounds_by_their_measured_cost(
     # space out against back to back.
     assert budgeted.busy_share < 2 * 0.05 / budgeted.round_cost + 0.05, budgeted
     assert budgeted.rounds < 0.5 * free.rounds, (free, budgeted)
-    assert budgeted.sync_gap_mean > 2 * free.sync_gap_mean, (free, budgeted)
+    assert budgeted.gap_mean > 2 * free.gap_mean, (free, budgeted)

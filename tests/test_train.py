@@ -124,9 +124,9 @@ def test_shadowsync_in_the_trainer_syncs_while_training_and_ends_identical(
         # Rounds ran beside training (a 15 KB buffer on loopback takes milliseconds), far more
         # often than any fixed period a foreground sync could afford.
         assert shadow["sync_syncs_applied"] >= 32, shadow
-        assert 0.5 <= shadow["sync_sync_gap_mean"] <= 10.0, shadow
+        assert 0.5 <= shadow["sync_gap_mean"] <= 10.0, shadow
         fixed = baselines[rank][3]["summary"]
-        assert fixed["sync_syncs_applied"] == 40 and fixed["sync_sync_gap_max"] == 8, fixed
+        assert fixed["sync_syncs_applied"] == 40 and fixed["sync_gap_max"] == 8, fixed
     # finish() ran the final sync: both strategies leave bit-identical replicas.
     assert _spread(baselines, 2) == 0.0
     assert _spread(baselines, 3) == 0.0
