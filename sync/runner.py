@@ -859,7 +859,7 @@ class ShadowSyncRunner(SyncRunner):
             if self._step_began is not None:
                 self._pacer.observe(now - self._step_began, self._step_busy)
             self._step_began = now
-        self._step_busy = self._boundary() or self._round_open
+        self._step_busy = self._apply_then_snapshot() or self._round_open
 
     def stop(self, final_sync: bool = True) -> None:
         self._require_running("stop()")
@@ -871,13 +871,13 @@ class ShadowSyncRunner(SyncRunner):
         try:
             while thread.is_alive():
                 self._check_health()
-                self._boundary()
+                self._apply_then_snapshot()
                 thread.join(_POLL_S)
             self._raise_failure()
         finally:
             self._mark_stopped()
         self._thread = None
-        self._boundary()  # the last round's delta, if the loop above missed it
+        self._apply_then_snapshot()  # the last round's delta, if the loop above missed it
         if final_sync:
             self._consensus()
 
@@ -918,7 +918,7 @@ class ShadowSyncRunner(SyncRunner):
                     f"(round {self._counters.rounds + 1} stalled)")
         self._raise_failure()
 
-    def _boundary(self) -> bool:
+    def _apply_then_snapshot(self) -> bool:
         """Apply the posted delta, then serve a snapshot request; True if either happened.
 
         Both are read in one critical section (see the hand-off invariant in the class
