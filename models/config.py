@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from shadowsync.registry import Registry, import_path
+from shadowsync.sections import read_section
 
 if TYPE_CHECKING:
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
@@ -91,8 +92,8 @@ class ModelConfig:
 
     @staticmethod
     def config_class(raw: dict[str, Any], key: str) -> type[ModelConfig]:
-        """The options class that the ``name`` in the raw ``model`` section asks for (the
-        config reader builds the section as that class)."""
+        """The options class that the ``name`` in the raw ``model`` section asks for
+        (:func:`~shadowsync.sections.read_section` reads the section as that class)."""
         name = raw.get("name", ModelConfig.name)
         if not isinstance(name, str):
             raise ValueError(f"{key}.name: expected a string, got {name!r}")
@@ -272,9 +273,7 @@ class CustomModelConfig(ModelConfig):
                              f"({type(e).__name__}: {e})") from e
         if not (isinstance(options_class, type) and dataclasses.is_dataclass(options_class)):
             return self.options
-        from shadowsync.pipelines.config import build_section
-
-        return build_section(options_class, self.options, "model.options")
+        return read_section(options_class, self.options, "model.options")
 
     def validate(self) -> None:
         super().validate()

@@ -13,8 +13,6 @@ import dataclasses
 import logging
 import os
 import re
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -22,6 +20,7 @@ from typing import Any, Literal
 import yaml
 
 from shadowsync.models.config import DLRMConfig, ModelConfig
+from shadowsync.sections import read_section
 from shadowsync.sync.config import SyncConfig, strategy_algorithms
 
 ShardingType = Literal["table_wise", "column_wise", "table_column_wise", "data_parallel",
@@ -203,76 +202,6 @@ class RunConfig:
         return dataclasses.asdict(self)
 
 
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
-
-
-def _coerce(value: Any, tp: Any, key: str) -> Any:
-    """Checks ``value`` against the annotation ``tp`` (recursing into dataclasses and lists)."""
-    origin = typing.get_origin(tp)
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise ValueError(f"{key}: expected a mapping, got {value!r}")
-        if tp is ModelConfig:  # model.name picks the options class
-            tp = ModelConfig.config_class(value, key)
-        return _build(tp, value, key)
-    if origin is Literal:
-        if value not in typing.get_args(tp):
-            raise ValueError(f"{key}: must be one of {list(typing.get_args(tp))}, got {value!r}")
-        return value
-    if origin in (typing.Union, types.UnionType):
-        for arm in typing.get_args(tp):
-            if arm is type(None):
-                if value is None:
-                    return None
-                continue
-            try:
-                return _coerce(value, arm, key)
-            except ValueError:
-                continue
-        raise ValueError(f"{key}: {value!r} does not fit {_type_name(tp)}")
-    if origin is list:
-        if not isinstance(value, list):
-            raise ValueError(f"{key}: expected a list, got {value!r}")
-        (item,) = typing.get_args(tp)
-        return [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ValueError(f"{key}: expected a mapping, got {value!r}")
-        return dict(value)
-    if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if tp is int and isinstance(value, float) and value.is_integer():
-        return int(value)  # train.steps=1e4
-    if tp is Any:
-        return value
-    if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
-        raise ValueError(f"{key}: expected {_type_name(tp)}, got {value!r}")
-    return value
-
-
-def _build(cls: type, raw: dict[str, Any], prefix: str) -> Any:
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - names)
-    if unknown:
-        where = f"{prefix}." if prefix else ""
-        raise ValueError(
-            f"unknown setting {where}{unknown[0]}; known under {prefix or 'the top level'}: "
-            f"{sorted(names)}"
-        )
-    kwargs = {
-        k: _coerce(v, hints[k], f"{prefix}.{k}" if prefix else k) for k, v in raw.items()
-    }
-    return cls(**kwargs)
-
-
-def build_section(cls: type, raw: dict[str, Any], prefix: str) -> Any:
-    """Reads ``raw`` into the dataclass ``cls`` as every section of the run is read (errors name
-    ``prefix.<key>``): for option classes defined outside this tree, such as a user model's."""
-    return _build(cls, raw, prefix)
-
-
 def _renamed(section: Any, value: Any) -> bool:
     """Whether setting ``name`` to ``value`` in ``section`` picks another model or data set,
     whose other keys (options of the old one) no longer apply."""
@@ -373,7 +302,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise ValueError(f"override {item!r}: expected key.sub=value")
         keys.append(key.strip())
         _set_dotted(tree, keys[-1], _parse_yaml(raw, f"override {item!r}") if raw.strip() else "")
-    cfg = _build(RunConfig, tree, "")
+    cfg = read_section(RunConfig, tree, "")
     cfg.validate()
     _warn_ignored(cfg, keys)
     return cfg
@@ -395,6 +324,6 @@ def config_from_text(text: str, where: str) -> RunConfig:
     tree = _parse_yaml(text, where)
     if not isinstance(tree, dict):
         raise ValueError(f"{where}: the top level must be a mapping")
-    cfg = _build(RunConfig, tree, "")
+    cfg = read_section(RunConfig, tree, "")
     cfg.validate()
     return cfg
