@@ -27,7 +27,7 @@ def run(arm: str, repeat: int, eps: float, gap: float | None = None,
     row: dict[str, Any] = {"arm": arm, "seed": 0, "repeat": repeat, "examples_per_s": eps,
                            "train_seconds": 10.0, "eval_ne": ne + repeat * 0.01}
     if gap is not None:
-        row.update(sync_sync_gap_mean=gap, sync_bytes_reduced=1e6 * 10 / gap)
+        row.update(sync_gap_mean=gap, sync_bytes_reduced=1e6 * 10 / gap)
     return row
 
 
@@ -66,6 +66,19 @@ def test_dominance_needs_the_whole_spread_and_a_smaller_gap() -> None:
     # Against FR k=2 (ratio 0.5, gap 2) both shadow arms are faster; only back to back has a
     # gap <= 2.
     assert d["FR k=2"]["strict"] == ["S back to back"]
+
+
+def test_paired_dominance_compares_runs_of_the_same_repeat() -> None:
+    """The machine slowed down in repeat 1 (none 1000 -> 700): ratios to none spread the FR arm
+    over [0.8, 1.14] and hide that the shadow arm was faster in every repeat."""
+    rows = [*[run("none", r, e) for r, e in enumerate([1000, 700])],
+            *[run("FR k=5", r, e, gap=5) for r, e in enumerate([800, 800])],
+            *[run("S b2b n10", r, e, gap=4) for r, e in enumerate([880, 840])],
+            *[run("S b2b", r, e, gap=2) for r, e in enumerate([900, 790])]]
+    d = {row["fr"]: row for row in fr.dominance(fr.summarize(rows, world_size=2))}
+    assert d["FR k=5"]["paired"] == pytest.approx({"S b2b n10": 1.05})  # min(1.1, 1.05)
+    assert d["FR k=5"]["strict"] == []  # 0.88 < 1.14
+    assert "S b2b n10 (1.05)" in fr.dominance_table(list(d.values()))
 
 
 def test_dominance_fails_when_spreads_overlap() -> None:
