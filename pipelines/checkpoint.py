@@ -40,6 +40,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
+from shadowsync.pipelines.config import RunConfig, config_from_text
+
 logger = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"step_(\d{8})$")
@@ -322,6 +324,19 @@ def read_rank_file(ckpt: CheckpointInfo, rank: int) -> dict[str, Any]:
             return torch.load(f, weights_only=True)
     except Exception as e:  # any unpickling or I/O error: name the file
         raise CheckpointCorrupt(f"{path}: unreadable ({type(e).__name__})") from None
+
+
+def stored_config(ckpt: CheckpointInfo, overrides: list[str] | None = None) -> RunConfig | None:
+    """The run's config the checkpoint holds (``config.yaml``), with ``overrides`` on top, read
+    through fsspec like the rest of the checkpoint (so a remote one's too); None when it holds
+    none (written by an older shadowsync), for the caller to say what to use instead."""
+    where = _join(ckpt.path, CONFIG)
+    try:
+        with fsspec.open(where, "r") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return None
+    return config_from_text(text, where, overrides)
 
 
 def describe(exc: BaseException) -> str:

@@ -292,7 +292,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     An override of a section's ``name`` (``model.name=deepfm``) that picks another model or
     data set drops the preset's other keys of that section, and is applied before the other
     overrides, which then set the new one's options."""
-    tree: dict[str, Any] = {} if path is None else _read_tree(path)
+    return _config_from_tree({} if path is None else _read_tree(path), overrides)
+
+
+def _config_from_tree(tree: dict[str, Any], overrides: list[str] | None) -> RunConfig:
+    """One way overrides apply, whether the YAML came from a file or a checkpoint."""
     keys = []
     names_first = sorted(overrides or [], key=lambda o: o.partition("=")[0].strip()
                          .rpartition(".")[2] != "name")
@@ -318,12 +322,11 @@ def save_config(cfg: RunConfig, path: str | Path) -> None:
     Path(path).write_text(dump_config(cfg))
 
 
-def config_from_text(text: str, where: str) -> RunConfig:
-    """A resolved config's YAML (:func:`dump_config`; a checkpoint's ``config.yaml``),
-    validated; errors name ``where``."""
+def config_from_text(text: str, where: str, overrides: list[str] | None = None) -> RunConfig:
+    """A resolved config's YAML (:func:`dump_config`; a checkpoint's ``config.yaml``) with
+    ``overrides`` on top (as :func:`load_config`), validated; errors in the YAML name
+    ``where``."""
     tree = _parse_yaml(text, where)
     if not isinstance(tree, dict):
         raise ValueError(f"{where}: the top level must be a mapping")
-    cfg = read_section(RunConfig, tree, "")
-    cfg.validate()
-    return cfg
+    return _config_from_tree(tree, overrides)

@@ -15,7 +15,6 @@ import argparse
 import json
 import logging
 import sys
-from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
@@ -35,12 +34,13 @@ def checkpoint_config(found: checkpoint.CheckpointInfo, config: str | None,
     Raises:
         ValueError: no ``config`` and the checkpoint holds none (an older one).
     """
-    if config is None:
-        config = f"{found.path}/{checkpoint.CONFIG}"
-        if not Path(config).is_file():
-            raise ValueError(f"--checkpoint {found.path} holds no {checkpoint.CONFIG} (written "
-                             "by an older shadowsync, or not on a local path): pass --config")
-    return load_config(config, overrides)
+    if config is not None:
+        return load_config(config, overrides)
+    stored = checkpoint.stored_config(found, overrides)
+    if stored is None:
+        raise ValueError(f"--checkpoint {found.path} holds no {checkpoint.CONFIG} (written by an "
+                         "older shadowsync): pass --config")
+    return stored
 
 
 def evaluate_checkpoint(

@@ -16,6 +16,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import pytest
 import torch
 import torch.distributed as dist
@@ -24,7 +25,7 @@ from torch.distributed._shard.sharded_tensor import ShardedTensor
 
 from shadowsync.datasets import build_dataset
 from shadowsync.pipelines import checkpoint
-from shadowsync.pipelines.config import load_config
+from shadowsync.pipelines.config import dump_config, load_config
 from shadowsync.pipelines.evaluate import evaluate_checkpoint
 from shadowsync.pipelines.position import DataPosition
 from shadowsync.pipelines.train import Trainer, init_distributed
@@ -221,6 +222,23 @@ def test_latest_ignores_incomplete_and_foreign_entries(tmp_path: Path) -> None:
     assert found is not None and found.step == 20
     assert found.path.endswith("step_00000020")
     assert checkpoint.incomplete(root) == [str(tmp_path / "step_00000030")]
+
+
+def test_stored_config_reads_any_fsspec_path_with_overrides() -> None:
+    """The config a checkpoint holds is read where its weights are (here fsspec's in-memory
+    file system, no local path), overrides applied as to a preset; none stored: None."""
+    fs = fsspec.filesystem("memory")
+    ckpt = checkpoint.CheckpointInfo("memory://run/step_00000012", 12)
+    assert checkpoint.stored_config(ckpt) is None
+    cfg = load_config("synthetic", ["model.name=deepfm", "train.steps=12"])
+    fs.pipe(f"/run/step_00000012/{checkpoint.CONFIG}", dump_config(cfg).encode())
+    try:
+        assert checkpoint.stored_config(ckpt) == cfg
+        again = checkpoint.stored_config(ckpt, ["eval.batch_size=7", "model.name=dcn"])
+        assert again is not None and again.eval.batch_size == 7 and again.model.name == "dcn"
+        assert again.train == cfg.train
+    finally:
+        fs.rm("/run", recursive=True)
 
 
 def test_interrupted_writes_go_at_the_next_checkpoint(tmp_path: Path) -> None:
