@@ -2,7 +2,6 @@
 
 The configs (:mod:`.config`) import without torch; the models load torch and TorchRec on first
 use, so a run's config can be checked (``pipelines.config``) in a second, before they load.
-:func:`load` brings a trained model back out of a checkpoint.
 """
 
 from typing import Any
@@ -22,7 +21,7 @@ from shadowsync.models.config import (
 _LAZY = {
     "DLRM": "dlrm", "DLRM_DCN": "dlrm", "DLRM_Projection": "dlrm", "DeepFM": "deepfm",
     "WideDeep": "wide_deep", "DCN": "dcn", "AutoInt": "autoint", "RecTrain": "zoo",
-    "build_model": "zoo", "load": "zoo", "ModelMismatch": "zoo",
+    "build_model": "zoo",
 }
 
 __all__ = ["MODELS", "AutoIntConfig", "CustomModelConfig", "DCNConfig", "DLRMConfig",

@@ -286,7 +286,7 @@ class Trainer:
         }
 
     def _model_files(self) -> dict[str, str]:
-        """What rebuilds the model from a checkpoint alone (``shadowsync.models.load``)."""
+        """What rebuilds the model from a checkpoint alone (:func:`checkpoint.load_model`)."""
         return {checkpoint.CONFIG: dump_config(self.cfg),
                 checkpoint.SPEC: json.dumps(dataclasses.asdict(self.dataset.spec))}
 

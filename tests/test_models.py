@@ -31,10 +31,8 @@ from shadowsync.models import (
     DeepFMConfig,
     DLRMConfig,
     DLRMProjectionConfig,
-    ModelMismatch,
     WideDeep,
     build_model,
-    load,
 )
 from shadowsync.models import MODELS as ZOO
 from shadowsync.models.init import NotInitializable, require_initializable
@@ -377,11 +375,11 @@ def test_every_dense_synchronizer_keeps_zoo_models_in_step(
 def test_load_gives_the_evaluate_clis_scores_on_one_process(
     model: str, trained: tuple[Path, list[dict[str, Any]]],
 ) -> None:
-    """``load`` rebuilds the trained model from the checkpoint alone (its stored config) on
+    """``load_model`` rebuilds the trained model from the checkpoint alone (its stored config) on
     one process without a process group; its metrics over every eval row equal those of the
     evaluate CLI's 2-rank path to 1e-6."""
     root, results = trained
-    loaded, cfg = load(f"{root}/{model}")
+    loaded, cfg = checkpoint.load_model(f"{root}/{model}")
     assert cfg == _config(model, "train.steps=100", "train.seed=3",
                           f"checkpoint.dir={root}/{model}")
     # what the evaluate CLI and component run without --config
@@ -414,15 +412,16 @@ def test_load_refuses_weights_another_config_builds(
     marker = json.loads((copy / checkpoint.MARKER).read_text())
     marker["files"][checkpoint.CONFIG] = checkpoint._digest(str(config))
     (copy / checkpoint.MARKER).write_text(json.dumps(marker))
-    with pytest.raises(ModelMismatch, match=r"model.name=dcn.*shapes: .*crossnet\.W_kernels"):
-        load(str(copy))
+    with pytest.raises(checkpoint.ModelMismatch,
+                       match=r"model.name=dcn.*shapes: .*crossnet\.W_kernels"):
+        checkpoint.load_model(str(copy))
     # the torchx evaluate component checks the stored config before submitting
     with pytest.raises(ValueError) as caught:
         evaluate_component("train.bach_size=1", checkpoint=str(copy), check="config")
     assert caught.value.code == 2  # type: ignore[attr-defined]
     config.write_text(config.read_text() + "\n")  # digests now disagree: refused as corrupt
     with pytest.raises(checkpoint.CheckpointCorrupt, match="config.yaml: truncated or extended"):
-        load(str(copy))
+        checkpoint.load_model(str(copy))
     config.unlink()  # an older checkpoint: nothing to build from, said so
     found = checkpoint.CheckpointInfo(str(copy), found.step)
     with pytest.raises(ValueError, match="holds no config.yaml .* pass --config"):
