@@ -16,17 +16,24 @@ from tests._dist import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
-_BLOCK = """
-import importlib.abc, sys
 
-class _Blocked(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] == "torchrec" or name.startswith("shadowsync.pipelines"):
-            raise ImportError(f"{name} is blocked in this test")
-        return None
+def blocking(*packages: str) -> str:
+    """Code that makes importing ``packages`` (and their submodules) fail in the interpreter
+    that runs it, so a test shows what a package imports without them."""
+    return textwrap.dedent(f"""
+        import importlib.abc, sys
 
-sys.meta_path.insert(0, _Blocked())
-"""
+        class _Blocked(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if any(name == p or name.startswith(p + ".") for p in {packages!r}):
+                    raise ImportError(f"{{name}} is blocked in this test")
+                return None
+
+        sys.meta_path.insert(0, _Blocked())
+    """)
+
+
+_BLOCK = blocking("torchrec", "shadowsync.pipelines")
 
 # The README's example of ShadowSync on a plain PyTorch model, as each rank runs it.
 _EXAMPLE = """
