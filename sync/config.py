@@ -175,6 +175,9 @@ class SyncConfig:
         ALGORITHMS.get(self.algorithm)
         for name in RANGES:
             check(name, getattr(self, name), f"sync.{name}")
+        if self.socket_ifname is not None and self.backend != "gloo":
+            raise ValueError("sync.socket_ifname binds a gloo group: it needs sync.backend=gloo, "
+                             f"got {self.backend!r}")
 
     def ignored(self) -> dict[str, str]:
         """The settings that do nothing under this ``algorithm`` and ``mode``, each with where

@@ -43,6 +43,11 @@ def test_bad_settings_name_the_key(override: str, message: str) -> None:
         load_config(None, [override])
 
 
+def test_socket_ifname_needs_a_gloo_sync_group() -> None:
+    with pytest.raises(ValueError, match="sync.socket_ifname binds a gloo group"):
+        load_config(None, ["sync.backend=nccl", "sync.socket_ifname=eth1"])
+
+
 def test_every_preset_loads_and_round_trips(tmp_path: Path) -> None:
     presets = sorted(PRESET_DIR.glob("*.yaml"))
     assert presets, "no presets shipped"
