@@ -9,8 +9,11 @@ other in the same processes (``bench_sync.py``), on ``N`` emulated hosts (``clus
 with its own rate-limited link. Per arm: examples/s as a ratio to ``none`` (no synchronization)
 of the same repeat, with median and min-max over repeats; the mean sync gap (training steps
 between applied synchronizations); bytes on the wire per example. The fixed-rate arms (FR-k,
-blocking every k steps) trace one curve, the shadow arms (accepted slowdown from back to back
-down to 2%) another; a plot per link shows both. Needs root (network namespaces)::
+blocking every k steps) trace one curve, the shadow arms (back to back with the sync thread
+at three priorities, and the 5% accepted-slowdown pacer) another; a plot per link shows both.
+By default both send their rounds in the links' low traffic class (``--sync-class low``), the
+way a datacenter network serves bulk traffic after training's. Needs root (network
+namespaces)::
 
     sudo .venv/bin/python benchmarks/frontier.py --hosts 2 4 \\
         --links unlimited 10gbit 1gbit 200mbit --repeats 3 --out benchmarks/results/frontier
