@@ -57,6 +57,7 @@ RANGES: dict[str, Interval] = {
     "timeout_s": Interval(0, closed=(False, True)),
     "rejoin_after_steps": Interval(1),
     "thread_nice": Interval(0, 19),
+    "max_staleness": Interval(1),
 }
 
 
@@ -110,7 +111,8 @@ def strategy_algorithms() -> list[str]:
 
 # Settings of every strategy run by the ShadowSync runner, and which of them each mode reads.
 _FIXED_RATE_ONLY = ("period",)
-_SHADOW_ONLY = ("min_interval_s", "max_comm_share", "max_slowdown", "thread_nice")
+_SHADOW_ONLY = ("min_interval_s", "max_comm_share", "max_slowdown", "thread_nice",
+                "max_staleness")
 
 
 @dataclass
@@ -146,7 +148,9 @@ class SyncConfig:
     class than training's collectives. ``thread_nice`` raises the shadow thread's nice
     value (Linux: per thread) so that its CPU work, the round's copies, reduction and socket
     I/O, yields to training on cores that training keeps busy: the CPU counterpart of a low
-    traffic class.
+    traffic class. ``max_staleness`` bounds how many steps a round may stay in flight: at that
+    step training waits for it, so every sync lands at most that many steps after its snapshot
+    (``1``: a sync every step, each round hidden behind one step of training).
     """
 
     algorithm: str = "none"
@@ -168,6 +172,7 @@ class SyncConfig:
     rejoin_after_steps: int = 200
     socket_ifname: str | None = None
     thread_nice: int = 0
+    max_staleness: int | None = None
 
     def validate(self) -> None:
         """Raises ``ValueError`` naming the ``sync.*`` setting that is out of range or an

@@ -94,6 +94,8 @@ class SyncStats:
         round_cost: what a round in flight costs a training step, ``t_busy / t_quiet - 1``, as
             measured by the accepted-slowdown pacer (NaN without ``max_slowdown``).
         busy_share: the share of training steps a round touched, per that pacer (NaN without).
+        wait_seconds: seconds training waited at step boundaries for a round to finish, which
+            only a shadow runner with ``max_staleness`` does (NaN without).
     """
 
     steps: int
@@ -109,6 +111,7 @@ class SyncStats:
     rounds_per_s: float
     round_cost: float = math.nan
     busy_share: float = math.nan
+    wait_seconds: float = math.nan
 
 
 @dataclasses.dataclass
@@ -641,17 +644,21 @@ class SlowdownPacer:
     :class:`ShadowSyncRunner`).
 
     The training loop reports each step's wall time and whether a round touched it (the step
-    applied a delta, took a snapshot, or ran while a round was in flight). From the medians of
+    applied a delta, took a snapshot, or ran while a round was in flight). From the means of
     recent *quiet* steps ``t_q`` and *busy* steps ``t_b`` it knows the cost of a round per step,
     ``c = t_b / t_q - 1``. If a fraction ``f`` of steps is busy, training runs ``f c`` slower, so
     the runner keeps ``f <= max_slowdown / c``: a round that kept ``n_b`` steps busy is followed
     by ``n_b (1 - f) / f`` quiet steps. Rounds go back to back when they cost less than the
     budget. Every ``explore_every`` rounds a few quiet steps are forced, so ``t_q`` stays current
-    even then. Medians make one slow step (a garbage collection, a late peer) irrelevant.
+    even then. Means, not medians: the step rate is set by the mean step time, and much of a
+    round's cost lands on a few of its busy steps (the one that copies the snapshot, the ones
+    its burst of socket work hits), which a median would discard; on emulated 1 Gbit/s hosts
+    the median-based pacer overshot a 5% budget. A stray slow step moves a window's mean by a
+    1/``window`` share of its excess, for that window only.
 
     Args:
         max_slowdown: accepted loss of step rate, in (0, 1): 0.05 keeps >= 95% of it.
-        window: steps of each kind whose median is used.
+        window: steps of each kind whose mean is used.
         explore_every: rounds between forced quiet windows when rounds are free enough to go
             back to back.
     """
@@ -678,11 +685,11 @@ class SlowdownPacer:
                 self._quiet_total += 1
 
     def round_cost(self) -> float:
-        """``t_busy / t_quiet - 1`` from the recent medians; NaN before both are measured."""
+        """``t_busy / t_quiet - 1`` from the recent means; NaN before both are measured."""
         with self._lock:
             if not self._quiet or not self._busy:
                 return math.nan
-            return statistics.median(self._busy) / statistics.median(self._quiet) - 1.0
+            return statistics.fmean(self._busy) / statistics.fmean(self._quiet) - 1.0
 
     def busy_share(self) -> float:
         """The share of all observed steps that were busy; NaN before any."""
@@ -705,8 +712,8 @@ class SlowdownPacer:
             self._rounds += 1
             busy_steps, self._busy_steps_this_round = max(self._busy_steps_this_round, 1), 0
             if not self._quiet:  # no quiet step measured yet: make room for a few
-                return 3 * statistics.median(self._busy) if self._busy else 0.0
-            t_quiet = statistics.median(self._quiet)
+                return 3 * statistics.fmean(self._busy) if self._busy else 0.0
+            t_quiet = statistics.fmean(self._quiet)
             explore = self._rounds % self.explore_every == 0
         quiet_steps = busy_steps * (1.0 - f) / f
         if quiet_steps < 2 and explore:
@@ -766,6 +773,17 @@ class ShadowSyncRunner(SyncRunner):
     thread's nice value: on cores that training keeps busy, a round's CPU work (copies,
     reduction, socket I/O) then runs in the time training leaves, and rounds take longer
     instead of slowing steps, as ``socket_ifname`` of :func:`new_sync_group` does for the link.
+    A round whose next round may start at once is posted together with the next snapshot
+    request, so a boundary can apply one round and start the next.
+
+    Bounded staleness: with ``max_staleness`` ``K``, a boundary ``K`` steps after a round's
+    snapshot waits until that round's delta is posted (``shadowsync.wait``), so no sync is
+    older than ``K`` steps when it lands and the gap between syncs is at most ``K`` (plus any
+    pacing pause). Training then waits only for the part of a round that ``K`` steps of
+    training did not hide, unlike a fixed-rate round, which it waits for whole; ``K = 1`` with
+    back-to-back rounds synchronizes every step (the stale-synchronous bound of Ho et al.,
+    "More Effective Distributed ML via a Stale Synchronous Parallel Parameter Server",
+    NeurIPS 2013, on ShadowSync's snapshot/delta hand-off).
 
     Stopping: :meth:`stop` raises the stop flag in the next round's buffer; every rank's thread
     leaves after that same round (a rank that is still training simply stops receiving syncs).
@@ -800,9 +818,10 @@ class ShadowSyncRunner(SyncRunner):
                  group: dist.ProcessGroup, *, min_interval_s: float = 0.0,
                  max_comm_share: float = 1.0, max_slowdown: float | None = None,
                  deadline_s: float | None = None, chunk_bytes: int | None = None,
-                 thread_nice: int = 0) -> None:
+                 thread_nice: int = 0, max_staleness: int | None = None) -> None:
         check("min_interval_s", min_interval_s)
         check("thread_nice", thread_nice)
+        check("max_staleness", max_staleness)
         check("max_comm_share", max_comm_share)
         if deadline_s is not None and not deadline_s > min_interval_s:
             raise ValueError(f"deadline_s must be > min_interval_s ({min_interval_s}), "
@@ -813,6 +832,8 @@ class ShadowSyncRunner(SyncRunner):
         self._min_interval_s = min_interval_s
         self._deadline_s = deadline_s
         self._thread_nice = thread_nice
+        self._max_staleness = max_staleness
+        self._wait_seconds = 0.0
         if self._device.type == "cuda":
             self._stream = torch.cuda.Stream(self._device)
         self._thread: threading.Thread | None = None
@@ -830,9 +851,10 @@ class ShadowSyncRunner(SyncRunner):
         self._step_busy = False
 
     def _pacing_stats(self) -> dict[str, float]:
-        if self._pacer is None:
-            return {}
-        return {"round_cost": self._pacer.round_cost(), "busy_share": self._pacer.busy_share()}
+        stats = {} if self._max_staleness is None else {"wait_seconds": self._wait_seconds}
+        if self._pacer is not None:
+            stats.update(round_cost=self._pacer.round_cost(), busy_share=self._pacer.busy_share())
+        return stats
 
     def start(self) -> None:
         super().start()
@@ -848,12 +870,16 @@ class ShadowSyncRunner(SyncRunner):
     def step(self) -> None:
         """Step boundary: apply a finished delta, then take a snapshot if the thread wants one.
 
-        Raises :class:`SyncError` if the thread failed, a peer aborted, or ``deadline_s`` passed
-        without a completed round.
+        With ``max_staleness``, first waits for the round in flight if its snapshot is that many
+        steps old. Raises :class:`SyncError` if the thread failed, a peer aborted, or
+        ``deadline_s`` passed without a completed round.
         """
         self._require_running("step()")
         self._check_health()
         self._counters.steps += 1
+        if (self._max_staleness is not None and self._round_open
+                and self._counters.steps - self._snapshot_step >= self._max_staleness):
+            self._await_delta()
         if self._pacer is not None:
             now = time.perf_counter()
             if self._step_began is not None:
@@ -918,6 +944,19 @@ class ShadowSyncRunner(SyncRunner):
                     f"(round {self._counters.rounds + 1} stalled)")
         self._raise_failure()
 
+    def _await_delta(self) -> None:
+        """Block until the round in flight posts its delta; raise if the thread fails or
+        stalls (``deadline_s``) meanwhile."""
+        began = time.perf_counter()
+        with record_function("shadowsync.wait"):
+            while True:
+                with self._handoff:
+                    if self._posted is not None:
+                        break
+                    self._handoff.wait(_POLL_S)
+                self._check_health()
+        self._wait_seconds += time.perf_counter() - began
+
     def _apply_then_snapshot(self) -> bool:
         """Apply the posted delta, then serve a snapshot request; True if either happened.
 
@@ -960,23 +999,21 @@ class ShadowSyncRunner(SyncRunner):
         return stack
 
     def _loop(self) -> None:
-        last: tuple[float, float, float] | None = None
-        while True:
-            if last is not None:
-                self._pace(*last)
-            if not self._request_snapshot():
-                return
+        while self._request_snapshot():
             began = time.perf_counter()
             # Each rank proposes its pause from its own step clock; all take the mean, so the
             # ranks' next rounds start together instead of one waiting for the other inside
             # the allreduce.
             proposal = self._pacer.quiet_seconds() if self._pacer is not None else 0.0
             delta, control = self._round(self._stop_requested.is_set(), proposal)
-            self._post(_Delta(delta, self._record_ready(), self._snapshot_step))
-            last = (began, time.perf_counter(), control.quiet_s)
-            self._last_progress = last[1]
+            ended = self._last_progress = time.perf_counter()
+            pause = self._pause_s(began, ended, control.quiet_s)
+            self._post(_Delta(delta, self._record_ready(), self._snapshot_step),
+                       ask=not control.stop and pause <= 0)
             if control.stop:
                 return
+            if pause > 0:
+                self._wake.wait(pause)
 
     def _request_snapshot(self) -> bool:
         """Ask the training loop for a snapshot and wait for it; False if abandoned."""
@@ -990,21 +1027,24 @@ class ShadowSyncRunner(SyncRunner):
         """The side stream's event that the delta is computed (None on CPU)."""
         return self._stream.record_event() if self._stream is not None else None
 
-    def _post(self, done: _Delta) -> None:
+    def _post(self, done: _Delta, ask: bool) -> None:
+        """Post a finished round; with ``ask``, request the next snapshot in the same critical
+        section (the next round may start at once), so one boundary serves both."""
         with self._handoff:
             if self._posted is not None:
                 raise RuntimeError("hand-off invariant broken: a delta was posted before the "
                                    "previous one was applied")
             self._posted = done
+            self._want_snapshot = ask
+            self._handoff.notify_all()
 
-    def _pace(self, began: float, ended: float, quiet_s: float) -> None:
-        """Sleep until the next round may start; ``quiet_s`` is the ranks' agreed pause. The
-        ``max_comm_share`` pause already taken between chunks counts towards this one."""
+    def _pause_s(self, began: float, ended: float, quiet_s: float) -> float:
+        """Seconds until the next round may start (<= 0: now); ``quiet_s`` is the ranks'
+        agreed pause. The ``max_comm_share`` pause already taken between chunks counts towards
+        this one."""
         paused = self._paused_in_round
         busy = ended - began - paused
         resume = max(began + self._min_interval_s,
                      ended + busy * self._comm_pause - paused,
                      ended + quiet_s)
-        delay = resume - time.perf_counter()
-        if delay > 0:
-            self._wake.wait(delay)
+        return resume - time.perf_counter()

@@ -334,6 +334,7 @@ class ShadowSyncReplicas(LocalReplicas):
                 chunk_bytes=chunk,
                 deadline_s=cfg.timeout_s,
                 thread_nice=cfg.thread_nice,
+                max_staleness=cfg.max_staleness,
             )
         self.runner.on_failure = self._report
         self.runner.start()

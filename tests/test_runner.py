@@ -141,6 +141,8 @@ def test_rejects_bad_arguments(world1: dist.ProcessGroup) -> None:
         (lambda: new_sync_group(timeout=timedelta(0)), ValueError, "timeout"),
         (lambda: new_sync_group("nccl", socket_ifname="lo"), ValueError, "gloo"),
         (lambda: ShadowSyncRunner(ps, ma, world1, thread_nice=20), ValueError, "thread_nice"),
+        (lambda: ShadowSyncRunner(ps, ma, world1, max_staleness=0), ValueError,
+         "max_staleness"),
     ]
     for make, exc, match in cases:
         with pytest.raises(exc, match=match):
@@ -259,6 +261,30 @@ def test_pacing_bounds_the_round_rate(world1: dist.ProcessGroup, busy_s: float,
     assert 2 <= rounds <= 0.5 / period_s + 1
 
 
+def test_max_staleness_makes_the_boundary_wait_for_the_round(
+        world1: dist.ProcessGroup) -> None:
+    """Rounds of 30 ms beside 1 ms steps: unbounded, a sync lands dozens of steps after its
+    snapshot; with ``max_staleness`` K, the K-th boundary after a snapshot waits for its round,
+    so no sync is older than K steps, and with K = 1 every later step applies one."""
+
+    def run(**bound: int) -> SyncStats:
+        runner = ShadowSyncRunner(params_of(make_model()), SlowAveraging(0.03), world1, **bound)
+        runner.start()
+        for _ in range(40):
+            runner.step()
+            time.sleep(0.001)
+        stats = runner.stats()
+        runner.stop(final_sync=False)
+        return stats
+
+    free, k3, k1 = run(), run(max_staleness=3), run(max_staleness=1)
+    assert free.staleness_max > 10 and math.isnan(free.wait_seconds), free
+    assert k3.staleness_max == 3 and 0.02 * (k3.syncs_applied - 1) < k3.wait_seconds, k3
+    assert (k1.staleness_max, k1.staleness_mean) == (1, 1.0), k1
+    assert k1.syncs_applied >= 40 - 3 and k1.gap_max <= 3, k1  # the first snapshot may lag
+    assert 0.025 * (k1.syncs_applied - 1) < k1.wait_seconds, k1
+
+
 class StallingStrategy(ModelAveraging):
     """Blocks inside a round until released, then fails: a stalled synchronizer."""
 
@@ -360,6 +386,7 @@ SHADOW_RUNS = [
     Run("bmuf_chunked", BlockwiseModelUpdateFiltering, {"chunk_bytes": 256}),  # 3 collectives
     Run("ma_chunks_paced", ModelAveraging, {"chunk_bytes": 256, "max_comm_share": 0.5},
         max_spread=0.6),  # half the link time: rarer rounds by design
+    Run("ma_stale1", ModelAveraging, {"max_staleness": 1}),  # both ranks wait, none hangs
 ]
 
 
@@ -421,6 +448,8 @@ def test_shadow_runs_sync_in_the_background_and_end_identical() -> None:
                 assert run["spread"] < spec.max_spread * control, (label, run["spread"], control)
             assert run["identical"] and run["finite"], label
             assert run["seconds"] < 15.0, label
+    for res in results:
+        assert res["ma_stale1"]["during"].staleness_max == 1, res["ma_stale1"]
     paced = results[0]["ma_paced"]["during"]
     assert paced.rounds_per_s < 1 / 0.01 + 5  # min_interval_s caps the round rate
 
@@ -544,13 +573,13 @@ class FailingRunner(ShadowSyncRunner):
             self.failed_at = time.time()
             raise RuntimeError(f"injected fault in {stage}")
 
-    def _pace(self, began: float, ended: float, quiet_s: float) -> None:
+    def _pause_s(self, began: float, ended: float, quiet_s: float) -> float:
         self._maybe_fail("pace")
-        super()._pace(began, ended, quiet_s)
+        return super()._pause_s(began, ended, quiet_s)
 
-    def _post(self, done: Any) -> None:
+    def _post(self, done: Any, ask: bool) -> None:
         self._maybe_fail("post")
-        super()._post(done)
+        super()._post(done, ask)
 
     def _record_ready(self) -> Any:
         self._maybe_fail("event")
@@ -640,6 +669,14 @@ def test_slowdown_pacer_keeps_the_busy_share_within_budget() -> None:
         cheap.observe(seconds, busy)
     waits = [cheap.quiet_seconds() for _ in range(8)]
     assert waits == [0, 0, 0, pytest.approx(0.03), 0, 0, 0, pytest.approx(0.03)]
+    # Most of a round's cost on one of its busy steps in four (the snapshot copy, a burst): a
+    # median would call the round nearly free (2%) and run back to back; the mean sees the 52%
+    # that the step rate loses, and budgets for it.
+    tail = SlowdownPacer(0.05)
+    for seconds, busy in [(0.010, False)] * 8 + [(0.0102, True)] * 6 + [(0.030, True)] * 2:
+        tail.observe(seconds, busy)
+    assert tail.round_cost() == pytest.approx((6 * 0.0102 + 2 * 0.030) / 8 / 0.010 - 1)
+    assert tail.busy_fraction() == pytest.approx(0.05 / tail.round_cost())
     with pytest.raises(ValueError, match="max_slowdown"):
         SlowdownPacer(1.0)
 
