@@ -9,8 +9,10 @@ other in the same processes (``bench_sync.py``), on ``N`` emulated hosts (``clus
 with its own rate-limited link. Per arm: examples/s as a ratio to ``none`` (no synchronization)
 of the same repeat, with median and min-max over repeats; the mean sync gap (training steps
 between applied synchronizations); bytes on the wire per example. The fixed-rate arms (FR-k,
-blocking every k steps) trace one curve, the shadow arms (back to back with the sync thread
-at three priorities, and the 5% accepted-slowdown pacer) another; a plot per link shows both.
+blocking every k steps) trace one curve, the shadow arms (back to back with each round awaited
+a step after its snapshot, back to back with the sync thread at three priorities, and the 5%
+accepted-slowdown pacer) another; a plot per link shows both, and a table checks each
+accepted-slowdown arm against the throughput it was asked to keep.
 By default both send their rounds in the links' low traffic class (``--sync-class low``), the
 way a datacenter network serves bulk traffic after training's. Needs root (network
 namespaces)::
@@ -29,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import statistics
 import sys
 import time
@@ -50,10 +53,13 @@ from shadowsync.pipelines.records import current_keys  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 FR_PERIODS = (1, 2, 5, 10, 20, 50)
 # Shadow settings, from the most frequent synchronization to the cheapest: back to back with
-# the sync thread at the training threads' priority, then lowered by 10 and 19 nice levels
-# ("n10", "n19": rounds use the CPU time training leaves, so they take longer and cost less),
-# and the accepted-slowdown pacer at 5% with the thread at nice 10.
-SHADOW = ("b2b: sync.max_slowdown=null",
+# every round awaited one step after its snapshot ("s1": a sync every step, each round hidden
+# behind one step of training), back to back with the sync thread at the training threads'
+# priority, then lowered by 10 and 19 nice levels ("n10", "n19": rounds use the CPU time
+# training leaves, so they take longer and cost less), and the accepted-slowdown pacer at 5%
+# with the thread at nice 10.
+SHADOW = ("b2b s1: sync.max_slowdown=null sync.max_staleness=1",
+          "b2b: sync.max_slowdown=null",
           "b2b n10: sync.max_slowdown=null sync.thread_nice=10",
           "b2b n19: sync.max_slowdown=null sync.thread_nice=19",
           "5% n10: sync.max_slowdown=0.05 sync.thread_nice=10")
@@ -205,6 +211,41 @@ def dominance(arms: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def slowdown_goal(arms: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For each accepted-slowdown arm (named ``S <p>%...``): its ratio to ``none`` against the
+    ``1 - p`` it was asked to keep (met only when its whole spread clears it), its mean sync
+    gap, and the FR arm of the same wire dtype with the closest median throughput, with how
+    many times less often that FR arm synchronizes."""
+    rows = []
+    for a in arms:
+        match = re.match(r"S (\d+(?:\.\d+)?)%", a["arm"])
+        fr = [f for f in arms if f["arm"].startswith("FR ")
+              and wire_tag(f["arm"]) == wire_tag(a["arm"])]
+        if not match or not fr:
+            continue
+        keep = 1 - float(match.group(1)) / 100
+        near = min(fr, key=lambda f: abs(f["ratio"]["median"] - a["ratio"]["median"]))
+        rows.append({"arm": a["arm"], "keep": keep, "ratio": a["ratio"], "gap": a["gap"],
+                     "kept": a["ratio"]["min"] >= keep, "fr": near["arm"],
+                     "fr_ratio": near["ratio"]["median"], "fr_gap": near["gap"],
+                     "less_often": near["gap"] / a["gap"]})
+    return rows
+
+
+def slowdown_table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| accepted-slowdown arm | asked to keep | ratio to none, median [min, max] | "
+             "whole spread kept | mean sync gap | FR of closest throughput (its ratio, gap) | "
+             "FR syncs this many times less often |",
+             "|---|---:|---:|---|---:|---|---:|"]
+    for g in rows:
+        r = g["ratio"]
+        lines.append(f"| {g['arm']} | {g['keep']:.2f} | {r['median']:.3f} [{r['min']:.3f}, "
+                     f"{r['max']:.3f}] | {'yes' if g['kept'] else '**no**'} | "
+                     f"{_f(g['gap'], 1)} | {g['fr']} ({g['fr_ratio']:.3f}, "
+                     f"{_f(g['fr_gap'], 1)}) | {_f(g['less_often'], 1)} |")
+    return "\n".join(lines)
+
+
 def _f(x: float, digits: int = 3) -> str:
     return "-" if math.isnan(x) else f"{x:,.{digits}f}"
 
@@ -300,9 +341,11 @@ def report(out: Path, links: Sequence[str]) -> str:
         for hosts, arms in sorted(by_link[link].items()):
             command, *arm_lines = commands[(link, hosts)].splitlines()
             arm_list = "".join(f"- `{a.strip().removeprefix('arm ')}`\n" for a in arm_lines)
+            goal = slowdown_goal(arms)
             sections.append(f"### {hosts} hosts, links {link}\n\n"
                             f"Command: `{command}`\n\n{table(arms)}\n\n"
                             f"{dominance_table(dominance(arms))}\n\n"
+                            + (f"{slowdown_table(goal)}\n\n" if goal else "")
                             + (f"<details><summary>arms</summary>\n\n{arm_list}\n</details>\n"
                                if arm_list else ""))
         sections.append(f"![frontier at {link}](frontier_{link}.png)\n")
@@ -310,7 +353,8 @@ def report(out: Path, links: Sequence[str]) -> str:
             "Links tagged `-qos` carry the FR and shadow arms' sync traffic in a low traffic "
             "class (`--sync-class low`: each link serves it after training's packets); the "
             "others are one FIFO per link, where shadow rounds go in chunks. `n10`/`n19`: the "
-            "shadow thread at `sync.thread_nice` 10/19. Each job's command and every arm's "
+            "shadow thread at `sync.thread_nice` 10/19; `s1`, `s2`: `sync.max_staleness` 1/2 (each "
+            "round awaited that many steps after its snapshot). Each job's command and every arm's "
             "overrides are under it; \"in every repeat\" compares runs of the same repeat, "
             "minutes apart in one job.\n\n" + "\n".join(sections))
     (out / "report.md").write_text(text)

@@ -46,6 +46,18 @@ def arms() -> dict[str, dict[str, Any]]:
     return {a["arm"]: a for a in fr.summarize(ROWS, world_size=2)}
 
 
+def test_slowdown_goal_needs_the_whole_spread_and_names_the_nearest_fr() -> None:
+    (goal,) = fr.slowdown_goal(list(arms().values()))
+    assert (goal["arm"], goal["keep"], goal["fr"]) == ("S 5%", 0.95, "FR k=10")
+    assert goal["kept"] and goal["less_often"] == pytest.approx(10 / 4)
+    slow = [{**r, "examples_per_s": r["examples_per_s"] * 0.99} if r["arm"] == "S 5%" and
+            r["repeat"] == 0 else r for r in ROWS]  # one repeat at 0.9405 < 0.95
+    (missed,) = fr.slowdown_goal(fr.summarize(slow, world_size=2))
+    assert not missed["kept"]
+    assert "| S 5% | 0.95 | 0.960 [0.941, 0.960] | **no** | 4.0 | FR k=10 (0.900, 10.0) | 2.5 |" \
+        in fr.slowdown_table([missed])
+
+
 def test_ratios_are_to_the_same_repeats_none() -> None:
     a = arms()
     assert a["FR k=10"]["ratio"] == pytest.approx({"median": 0.9, "min": 0.9, "max": 0.9})
