@@ -3,6 +3,7 @@ call by call on a world of one, with a strategy that fails on demand."""
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -28,9 +29,19 @@ class _Flaky(ModelAveraging):
         return super().reduce_input(snapshot)
 
 
-def _wrapped(mode: str) -> ShadowSyncReplicas:
-    cfg = SyncConfig(algorithm="tests.test_wrapper_lifecycle:_Flaky", mode=mode,  # type: ignore[arg-type]
-                     period=1, on_failure="degrade", rejoin_after_steps=2, timeout_s=10)
+class _Slow(ModelAveraging):
+    """Model averaging whose rounds take at least 20 ms."""
+
+    def reduce_input(self, snapshot: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.02)
+        return super().reduce_input(snapshot)
+
+
+def _wrapped(mode: str, algorithm: str = "tests.test_wrapper_lifecycle:_Flaky",
+             **settings: Any) -> ShadowSyncReplicas:
+    cfg = SyncConfig(algorithm=algorithm, mode=mode,  # type: ignore[arg-type]
+                     period=1, on_failure="degrade", rejoin_after_steps=2, timeout_s=10,
+                     **settings)
     wrapper = ShadowSyncReplicas.from_config(cfg)
     assert wrapper.phase is Phase.UNWRAPPED
     env = SimpleNamespace(process_group=dist.group.WORLD)
@@ -125,6 +136,15 @@ def _lifecycle(rank: int, world_size: int) -> list[str]:
     except RuntimeError as e:
         seen.append(f"resume while running: {e}")
     w.finish()
+    # The shadow settings reach the runner: 20 ms rounds beside instant steps would land
+    # tens of steps stale; sync.max_staleness=1 makes each step wait for the round in flight.
+    w = _wrapped("shadow", "tests.test_wrapper_lifecycle:_Slow", max_staleness=1)
+    for _ in range(20):
+        w.after_step()
+    stats = w.stats()
+    w.finish()
+    seen.append(f"staleness bound 1: max {stats['staleness_max']:g}, "
+                f"waited {stats['wait_seconds'] > 0.01 * (stats['syncs_applied'] - 1)}")
     return seen
 
 
@@ -144,6 +164,7 @@ def test_every_transition_of_the_lifecycle() -> None:
     assert seen[20].startswith("unwrapped call: ShadowSyncReplicas.degrade() in phase UNWRAPPED")
     assert seen[21].startswith("resume while running: ShadowSyncReplicas.resume() in phase "
                                "RUNNING"), seen
+    assert seen[22] == "staleness bound 1: max 1, waited True", seen
 
 
 @pytest.mark.parametrize("phase", list(Phase))
