@@ -13,6 +13,7 @@ import math
 import random
 import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,30 @@ def _state(trainer: Trainer) -> dict[str, torch.Tensor]:
     return out
 
 
+@dataclass
+class World:
+    root: Path
+    results: dict[str, list[dict[str, Any]]]  # by check, then by rank
+
+
+def _every_check(rank: int, world_size: int, root: str) -> dict[str, Any]:
+    """Every 2-rank check of this module, one after another in one spawned world: starting
+    one costs each rank seconds of imports. Each check has its own folder under ``root``;
+    the corruption matrix runs last (it leaves a log handler on ``shadowsync``)."""
+    out = {str(algorithm): _run(rank, world_size, f"{root}/resume{i}", algorithm)
+           for i, algorithm in enumerate(RESUMED)}
+    out["shadow"] = _shadow_resume(rank, world_size, f"{root}/shadow")
+    out["corruption"] = _corruption_matrix(rank, world_size, f"{root}/corruption")
+    return out
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> World:
+    root = tmp_path_factory.mktemp("ckpt")
+    by_rank = run_ranks(functools.partial(_every_check, root=str(root)), timeout_s=280)
+    return World(root, {check: [r[check] for r in by_rank] for check in by_rank[0]})
+
+
 def _run(rank: int, world_size: int, root: str, algorithm: list[str]) -> dict[str, Any]:
     env = init_distributed(60)
     common = SMALL + algorithm + ["checkpoint.every_steps=24", "train.log_every=12"]
@@ -69,13 +94,13 @@ def _run(rank: int, world_size: int, root: str, algorithm: list[str]) -> dict[st
             "resumed": _state(resumed), "saved": _state(interrupted), "at_resume": at_resume}
 
 
-@pytest.mark.parametrize("algorithm", [
-    ["sync.algorithm=bmuf", "sync.mode=fixed_rate", "sync.period=5"],
-    ["sync.algorithm=none"],
-])
-def test_resume_equals_uninterrupted_run(tmp_path: Path, algorithm: list[str]) -> None:
-    results = run_ranks(functools.partial(_run, root=str(tmp_path), algorithm=algorithm),
-                        timeout_s=240)
+RESUMED = [["sync.algorithm=bmuf", "sync.mode=fixed_rate", "sync.period=5"],
+           ["sync.algorithm=none"]]
+
+
+@pytest.mark.parametrize("algorithm", RESUMED)
+def test_resume_equals_uninterrupted_run(world: World, algorithm: list[str]) -> None:
+    root, results = world.root / f"resume{RESUMED.index(algorithm)}", world.results[str(algorithm)]
     for r in results:
         assert r["straight"].keys() == r["resumed"].keys()
         assert any(k.endswith(".0") for k in r["straight"]), "no embedding shards compared"
@@ -96,7 +121,7 @@ def test_resume_equals_uninterrupted_run(tmp_path: Path, algorithm: list[str]) -
         dense = [k for k in results[0]["saved"] if k.startswith("dense.")]
         assert any(not torch.equal(results[0]["saved"][k], results[1]["saved"][k])
                    for k in dense)
-    kept = sorted(p.name for p in (tmp_path / "straight").iterdir())
+    kept = sorted(p.name for p in (root / "straight").iterdir())
     assert kept == ["step_00000024", "step_00000048"]
 
 
@@ -166,15 +191,15 @@ def _shadow_resume(rank: int, world_size: int, root: str) -> dict[str, Any]:
             "end": _state(resumed)}
 
 
-def test_shadow_resume_restores_the_checkpoint_exactly(tmp_path: Path) -> None:
+def test_shadow_resume_restores_the_checkpoint_exactly(world: World) -> None:
     """Shadow rounds run when threads get to them, so no two shadow runs, interrupted or not,
     are bit-identical. What resume promises there, on 2 ranks: the checkpoint holds one model
     (the final sync ran before the save), and a resumed run starts from exactly that model on
     every rank, the same data position, the same strategy state (BMUF's global model and
     momentum, the counters), each rank's dense optimizer state and RNG, and the embedding
     tables as saved; then it trains on and ends with identical replicas."""
-    results = run_ranks(functools.partial(_shadow_resume, root=str(tmp_path)), timeout_s=240)
-    ckpt = tmp_path / "step_00000024"
+    results = world.results["shadow"]
+    ckpt = world.root / "shadow" / "step_00000024"
     files = [torch.load(ckpt / f"rank_{r:05d}.pt", weights_only=True) for r in (0, 1)]
     _assert_equal(files[0]["dense"], files[1]["dense"], "the checkpoint's consensus")
     in_dcp = dcp.FileSystemReader(str(ckpt)).read_metadata().state_dict_metadata
@@ -337,14 +362,13 @@ def _corruption_matrix(rank: int, world_size: int, root: str) -> dict[str, Any]:
     return outcomes
 
 
-def test_every_corruption_of_every_file_falls_back(tmp_path: Path) -> None:
+def test_every_corruption_of_every_file_falls_back(world: World) -> None:
     """Each file of the newest checkpoint (DCP's ``.metadata`` and shard files, the per-rank
     files, the marker) truncated, overwritten at its start, middle or end, or deleted: both
     ranks agree it does not load, name the file, set it aside and resume from the previous
     checkpoint with exactly its state; none loads silently. With every checkpoint corrupt,
     resuming fails naming the newest."""
-    results = run_ranks(functools.partial(_corruption_matrix, root=str(tmp_path)),
-                        timeout_s=280)
+    results = world.results["corruption"]
     names = results[0]["names"]
     assert {".metadata", "rank_00000.pt", "rank_00001.pt", checkpoint.MARKER} <= set(names)
     assert sum(n.endswith(".distcp") for n in names) == 2, names
