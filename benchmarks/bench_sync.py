@@ -89,15 +89,16 @@ def run_all(
     repeats: int,
 ) -> list[dict[str, Any]]:
     """Every arm, for every seed, ``repeats`` times in rotated order (so no arm always runs
-    first or last); one row per run. An untimed warm-up run comes first: the first training in
+    first or last: the rotation goes on across seeds, so one repeat of several seeds rotates
+    too); one row per run. An untimed warm-up run comes first: the first training in
     a process pays one-time costs (imports, allocator, thread pools) that would otherwise land
     on whichever arm runs first, usually the ``none`` baseline."""
     _, overrides = arms[0]
     run_arm(env, preset, [*common, *overrides, "train.steps=50", "eval.max_batches=1"])
     rows = []
-    for seed in seeds:
+    for i, seed in enumerate(seeds):
         for rep in range(repeats):
-            shift = rep % len(arms)
+            shift = (i * repeats + rep) % len(arms)
             for name, overrides in arms[shift:] + arms[:shift]:
                 summary = run_arm(env, preset, [*common, f"train.seed={seed}", *overrides])
                 rows.append({"arm": name, "seed": seed, "repeat": rep, **summary})

@@ -54,3 +54,25 @@ def test_verdicts_call_a_difference_only_beyond_three_sd() -> None:
     assert lines[0] == "- **The bar:** none - ddp = +0.0600 NE: none is worse by 30.0 sd."
     (s_ma,) = [line for line in lines if line.startswith("- **S-MA**")]
     assert "vs its FR twin of closest sync gap (FR-MA k=10, gap 9.8)" in s_ma  # 4 is nearer 1
+
+
+def test_arms_rotate_across_seeds_and_repeats(monkeypatch: object) -> None:
+    """No arm always runs first: with one repeat of several seeds (the quality runs) the order
+    still rotates, so ``none`` is not always measured first in a pass."""
+    bench = _load("bench_sync")
+    order: list[str] = []
+
+    def fake_run_arm(env: object, preset: str, overrides: list[str]) -> dict[str, float]:
+        warm_up = "train.steps=50" in overrides
+        order.append("warm-up" if warm_up else next(o for o in overrides if o.startswith("arm=")))
+        return {"examples_per_s": 1.0, "eval_auc": 0.5}
+
+    monkeypatch.setattr(bench, "run_arm", fake_run_arm)  # type: ignore[attr-defined]
+    arms = [(name, [f"arm={name}"]) for name in ("none", "ddp", "S")]
+    env = type("Env", (), {"rank": 1})()
+    rows = bench.run_all(env, "synthetic", [], arms, seeds=[0, 1, 2], repeats=1)
+    assert order[0] == "warm-up"
+    firsts = [order[1 + 3 * i] for i in range(3)]
+    assert firsts == ["arm=none", "arm=ddp", "arm=S"], order
+    assert [(r["seed"], r["arm"]) for r in rows][:4] == [(0, "none"), (0, "ddp"), (0, "S"),
+                                                        (1, "ddp")]
