@@ -332,9 +332,10 @@ def test_stalled_sync_degrades_and_rejoins(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------------------------- preemption
 def test_preemption_checkpoints_and_resumes(tmp_path: Path) -> None:
-    """SIGTERM at one rank during a checkpoint write, then at torchrun itself just before an
-    evaluation, then a clean resume, then a corrupt newest checkpoint: each run stops on one
-    step for all ranks, and the next resumes (with the evaluation the preemption skipped)."""
+    """SIGTERM at one rank during a checkpoint write; then, with that run's newest checkpoint
+    corrupt, at torchrun itself just before an evaluation; then a clean resume: each run
+    stops on one step for all ranks, and the next resumes (past the corrupt checkpoint, from
+    the one whose write the SIGTERM hit; then with the evaluation the preemption skipped)."""
     common = [f"checkpoint.dir={tmp_path}", "checkpoint.every_steps=10", "train.steps=60",
               "eval.every_steps=50"]
 
@@ -354,8 +355,17 @@ def test_preemption_checkpoints_and_resumes(tmp_path: Path) -> None:
             "checkpoint 30; ranks and the launcher exit 143, one `preempted:` line last",
             first.since_fault())
 
+    # The newest checkpoint corrupt (as a torn copy leaves it): the next run sets it aside and
+    # resumes from the one before, the step-20 write that the SIGTERM interrupted. (Not before
+    # the run that resumes from 50: from 40 instead, its evaluation at 50 would be a scheduled
+    # one, not the skipped one made up.)
+    corrupt = tmp_path / "step_00000030" / "rank_00001.pt"
+    corrupt.write_bytes(b"not a checkpoint")
     second = torchrun(common, fault="rank0:sigterm-agent@45", launcher=True)
-    assert f"resumed from {tmp_path}/step_00000030" in second.log
+    assert f"checkpoint {tmp_path}/step_00000030 does not load: rank " in second.log
+    assert "step_00000030/rank_00001.pt: truncated or extended since it was written" in second.log
+    assert re.search(rf"renamed to {tmp_path}/step_00000030.corrupt-\d+", second.log)
+    assert f"resumed from {tmp_path}/step_00000020" in second.log
     assert "Received 15 death signal, shutting down workers" in second.log
     assert re.search(r"SIGTERM reached rank\(s\) \[0(, 1)?\]: every rank stops after step 50",
                      second.log)
@@ -363,7 +373,11 @@ def test_preemption_checkpoints_and_resumes(tmp_path: Path) -> None:
     assert second.rc == 143 and second.since_fault() < EXIT_BOUND_S
     assert "preempted: the launcher got SIGTERM" in second.log
     _assert_loadable(tmp_path, 50)
-    _report("SIGTERM to torchrun at step 45 (resumed from 30)", second,
+    _report("newest checkpoint corrupt (rank 1's file of step 30)", second,
+            "warning `checkpoint .../step_00000030 does not load: rank N: CheckpointCorrupt: "
+            ".../rank_00001.pt: truncated or extended since it was written ...`; set aside; "
+            "resumes from step 20")
+    _report("SIGTERM to torchrun at step 45 (resumed from 20)", second,
             "the launcher forwards it; `SIGTERM reached rank(s) [0, 1]: every rank stops after "
             "step 50`; checkpoint 50; exit 143", second.since_fault())
 
@@ -373,22 +387,7 @@ def test_preemption_checkpoints_and_resumes(tmp_path: Path) -> None:
     assert records[0]["resumed_from"] == f"{tmp_path}/step_00000050", records
     assert records[1]["step"] == 50 and "eval_ne" in records[1], records  # the skipped one
     assert records[-1]["summary"] and records[-1]["step"] == 60, records
-
-    corrupt = tmp_path / "step_00000060" / "rank_00001.pt"
-    corrupt.write_bytes(b"not a checkpoint")
-    fourth = torchrun([*common[:2], "train.steps=70", "eval.every_steps=null",
-                       f"output_dir={tmp_path / 'fourth'}"])
-    assert fourth.rc == 0, fourth.log[-3000:]
-    assert f"checkpoint {tmp_path}/step_00000060 does not load: rank " in fourth.log
-    assert "step_00000060/rank_00001.pt: truncated or extended since it was written" in fourth.log
-    assert re.search(rf"renamed to {tmp_path}/step_00000060.corrupt-\d+", fourth.log)
-    records = _records(tmp_path / "fourth")
-    assert records[0]["resumed_from"] == f"{tmp_path}/step_00000050", records
-    assert records[-1]["summary"] and records[-1]["step"] == 70, records
-    _report("newest checkpoint corrupt (rank 1's file of step 60)", fourth,
-            "warning `checkpoint .../step_00000060 does not load: rank N: CheckpointCorrupt: "
-            ".../rank_00001.pt: truncated or extended since it was written ...`; set aside; "
-            "resumes from step 50, trains to 70, exit 0")
+    _assert_loadable(tmp_path, 60)
 
 
 # ---------------------------------------------------------------------------------- non-finite
