@@ -999,7 +999,8 @@ class ShadowSyncRunner(SyncRunner):
         return stack
 
     def _loop(self) -> None:
-        while self._request_snapshot():
+        asked = False
+        while self._request_snapshot(asked):
             began = time.perf_counter()
             # Each rank proposes its pause from its own step clock; all take the mean, so the
             # ranks' next rounds start together instead of one waiting for the other inside
@@ -1008,17 +1009,18 @@ class ShadowSyncRunner(SyncRunner):
             delta, control = self._round(self._stop_requested.is_set(), proposal)
             ended = self._last_progress = time.perf_counter()
             pause = self._pause_s(began, ended, control.quiet_s)
-            self._post(_Delta(delta, self._record_ready(), self._snapshot_step),
-                       ask=not control.stop and pause <= 0)
+            asked = not control.stop and pause <= 0
+            self._post(_Delta(delta, self._record_ready(), self._snapshot_step), ask=asked)
             if control.stop:
                 return
             if pause > 0:
                 self._wake.wait(pause)
 
-    def _request_snapshot(self) -> bool:
-        """Ask the training loop for a snapshot and wait for it; False if abandoned."""
+    def _request_snapshot(self, asked: bool = False) -> bool:
+        """Ask the training loop for a snapshot and wait for it; False if abandoned. ``asked``:
+        the request went out with the previous round's delta (and may be served already)."""
         with self._handoff:
-            self._want_snapshot = True
+            self._want_snapshot = self._want_snapshot or not asked
             while self._want_snapshot and not self._abandoned.is_set():
                 self._handoff.wait()
         return not self._abandoned.is_set()

@@ -514,8 +514,8 @@ class CountingStrategy(ModelAveraging):
         return torch.ones_like(snapshot)
 
 
-def hammer(rank: int, world_size: int, rounds: int = 1_000, budget_s: float = 8.0
-           ) -> dict[str, Any]:
+def hammer(rank: int, world_size: int, rounds: int = 1_000, budget_s: float = 8.0,
+           **bound: int) -> dict[str, Any]:
     """Tight step loop against the sync thread with a tiny switch interval (the thread is
     preempted between any two bytecodes, which is where a two-read hand-off breaks), until
     ``rounds`` rounds or ``budget_s``: tens of thousands of steps. The hand-off this replaced
@@ -524,7 +524,8 @@ def hammer(rank: int, world_size: int, rounds: int = 1_000, budget_s: float = 8.
 
     params = [torch.zeros(4)]
     strategy = CountingStrategy()
-    runner = ShadowSyncRunner(params, strategy, new_sync_group(timeout=timedelta(seconds=20)))
+    runner = ShadowSyncRunner(params, strategy, new_sync_group(timeout=timedelta(seconds=20)),
+                              deadline_s=10.0, **bound)
     old = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)
     try:
@@ -539,19 +540,29 @@ def hammer(rank: int, world_size: int, rounds: int = 1_000, budget_s: float = 8.
         sys.setswitchinterval(old)
     s = runner.stats()
     return {"steps": done, "rounds": s.rounds, "applied": s.syncs_applied,
+            "staleness_max": s.staleness_max,
             "in_order": strategy.seen == [float(i) for i in range(len(strategy.seen))],
             "first_bad": next((i for i, v in enumerate(strategy.seen) if v != i), None),
             "value": params[0][0].item()}
 
 
-def check_hammer(res: dict[str, Any]) -> None:
-    assert res["steps"] >= 20_000 and res["rounds"] >= 300, res
+def check_hammer(res: dict[str, Any], min_steps: int = 20_000) -> None:
+    assert res["steps"] >= min_steps and res["rounds"] >= 300, res
     assert res["rounds"] == res["applied"] == res["value"], res
     assert res["in_order"], res
 
 
 def test_handoff_never_snapshots_before_the_previous_delta(world1: dist.ProcessGroup) -> None:
     check_hammer(hammer(0, 1))
+
+
+def test_handoff_holds_with_every_step_awaiting_its_round(world1: dist.ProcessGroup) -> None:
+    """With ``max_staleness=1`` each boundary waits for the round, applies it and serves the
+    next snapshot, which the thread asked for with the delta: a request renewed after that
+    boundary served it would leave the next boundary waiting for a round that never starts."""
+    res = hammer(0, 1, max_staleness=1)
+    check_hammer(res, min_steps=1_000)
+    assert res["staleness_max"] == 1, res
 
 
 def test_handoff_holds_on_two_ranks() -> None:
@@ -585,9 +596,9 @@ class FailingRunner(ShadowSyncRunner):
         self._maybe_fail("event")
         return super()._record_ready()
 
-    def _request_snapshot(self) -> bool:
+    def _request_snapshot(self, asked: bool = False) -> bool:
         self._maybe_fail("ask")
-        return super()._request_snapshot()
+        return super()._request_snapshot(asked)
 
 
 STAGES = ["pace", "post", "event", "ask"]
