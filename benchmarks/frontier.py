@@ -32,6 +32,7 @@ import argparse
 import json
 import math
 import re
+import shlex
 import statistics
 import sys
 import time
@@ -353,8 +354,9 @@ def report(out: Path, links: Sequence[str]) -> str:
             "Links tagged `-qos` carry the FR and shadow arms' sync traffic in a low traffic "
             "class (`--sync-class low`: each link serves it after training's packets); the "
             "others are one FIFO per link, where shadow rounds go in chunks. `n10`/`n19`: the "
-            "shadow thread at `sync.thread_nice` 10/19; `s1`, `s2`: `sync.max_staleness` 1/2 (each "
-            "round awaited that many steps after its snapshot). Each job's command and every arm's "
+            "shadow thread at `sync.thread_nice` 10/19; `s<K>`: `sync.max_staleness=K` (each round "
+            "awaited K steps after its snapshot). A `-b1024` or `-5pct` job trains batches of "
+            "1,024 per rank. Each job's command and every arm's "
             "overrides are under it; \"in every repeat\" compares runs of the same repeat, "
             "minutes apart in one job.\n\n" + "\n".join(sections))
     (out / "report.md").write_text(text)
@@ -396,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.chunk_ms is None:
         args.chunk_ms = CHUNK_MS if args.sync_class == "same" else 0.0
     (args.out / "raw").mkdir(parents=True, exist_ok=True)
-    command = "python benchmarks/frontier.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python benchmarks/frontier.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     if not args.report_only:
         for hosts in args.hosts:
             for link in args.links:

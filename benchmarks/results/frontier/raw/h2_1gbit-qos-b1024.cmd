@@ -1,0 +1,11 @@
+python benchmarks/frontier.py --hosts 2 --links 1gbit --steps 150 --repeats 1 --seeds 0 1 2 --periods 2 5 10 20 --shadow 'b2b s1: sync.max_slowdown=null sync.max_staleness=1' 'b2b n10: sync.max_slowdown=null sync.thread_nice=10' '5%: sync.max_slowdown=0.05' '5% n10: sync.max_slowdown=0.05 sync.thread_nice=10' --tag qos-b1024 --out benchmarks/results/frontier train.batch_size=1024
+  arm none: sync.algorithm=none
+  arm ddp: sync.algorithm=ddp
+  arm FR k=2: sync.algorithm=ma sync.mode=fixed_rate sync.period=2 sync.wire_dtype=float32 sync.socket_ifname=veth0:sync
+  arm FR k=5: sync.algorithm=ma sync.mode=fixed_rate sync.period=5 sync.wire_dtype=float32 sync.socket_ifname=veth0:sync
+  arm FR k=10: sync.algorithm=ma sync.mode=fixed_rate sync.period=10 sync.wire_dtype=float32 sync.socket_ifname=veth0:sync
+  arm FR k=20: sync.algorithm=ma sync.mode=fixed_rate sync.period=20 sync.wire_dtype=float32 sync.socket_ifname=veth0:sync
+  arm S b2b s1: sync.algorithm=ma sync.mode=shadow sync.max_slowdown=null sync.max_staleness=1  sync.wire_dtype=float32 sync.socket_ifname=veth0:sync
+  arm S b2b n10: sync.algorithm=ma sync.mode=shadow sync.max_slowdown=null sync.thread_nice=10  sync.wire_dtype=float32 sync.socket_ifname=veth0:sync
+  arm S 5%: sync.algorithm=ma sync.mode=shadow sync.max_slowdown=0.05  sync.wire_dtype=float32 sync.socket_ifname=veth0:sync
+  arm S 5% n10: sync.algorithm=ma sync.mode=shadow sync.max_slowdown=0.05 sync.thread_nice=10  sync.wire_dtype=float32 sync.socket_ifname=veth0:sync
