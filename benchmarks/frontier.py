@@ -355,8 +355,8 @@ def report(out: Path, links: Sequence[str]) -> str:
             "class (`--sync-class low`: each link serves it after training's packets); the "
             "others are one FIFO per link, where shadow rounds go in chunks. `n10`/`n19`: the "
             "shadow thread at `sync.thread_nice` 10/19; `s<K>`: `sync.max_staleness=K` (each round "
-            "awaited K steps after its snapshot). A `-b1024` or `-5pct` job trains batches of "
-            "1,024 per rank. Each job's command and every arm's "
+            "awaited K steps after its snapshot). Each job's command (its batch size among its "
+            "overrides) and every arm's "
             "overrides are under it; \"in every repeat\" compares runs of the same repeat, "
             "minutes apart in one job.\n\n" + "\n".join(sections))
     (out / "report.md").write_text(text)

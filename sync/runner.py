@@ -371,11 +371,12 @@ class SyncRunner(abc.ABC):
             bytes_reduced=c.bytes_reduced,
             wall_seconds=wall,
             rounds_per_s=c.rounds / wall if wall > 0 else 0.0,
-            **self._pacing_stats(),
+            **self._mode_stats(),
         )
 
-    def _pacing_stats(self) -> dict[str, float]:
-        """Extra telemetry of a paced runner (see :class:`ShadowSyncRunner`)."""
+    def _mode_stats(self) -> dict[str, float]:
+        """Telemetry only some runners have: the pacer's and the staleness bound's (see
+        :class:`ShadowSyncRunner`)."""
         return {}
 
     def state_dict(self) -> dict[str, Any]:
@@ -850,7 +851,7 @@ class ShadowSyncRunner(SyncRunner):
         self._step_began: float | None = None
         self._step_busy = False
 
-    def _pacing_stats(self) -> dict[str, float]:
+    def _mode_stats(self) -> dict[str, float]:
         stats = {} if self._max_staleness is None else {"wait_seconds": self._wait_seconds}
         if self._pacer is not None:
             stats.update(round_cost=self._pacer.round_cost(), busy_share=self._pacer.busy_share())
