@@ -36,7 +36,7 @@ import shlex
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -212,19 +212,38 @@ def dominance(arms: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def slowdown_goal(arms: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """For each accepted-slowdown arm (named ``S <p>%...``): its ratio to ``none`` against the
-    ``1 - p`` it was asked to keep (met only when its whole spread clears it), its mean sync
-    gap, and the FR arm of the same wire dtype with the closest median throughput, with how
-    many times less often that FR arm synchronizes."""
+def slowdown_budgets(arm_lines: Sequence[str]) -> dict[str, float]:
+    """Each arm's ``sync.max_slowdown`` from the ``  arm <name>: <overrides>`` lines of a
+    job's ``.cmd`` (the last one given wins, as in the config); arms without one are left
+    out."""
+    budgets = {}
+    for line in arm_lines:
+        name, _, overrides = line.strip().removeprefix("arm ").partition(":")
+        given = dict(o.split("=", 1) for o in shlex.split(overrides) if "=" in o)
+        if given.get("sync.max_slowdown", "null") != "null":
+            budgets[name.strip()] = float(given["sync.max_slowdown"])
+    return budgets
+
+
+def slowdown_goal(arms: list[dict[str, Any]], budgets: Mapping[str, float] | None = None
+                  ) -> list[dict[str, Any]]:
+    """For each accepted-slowdown arm: its ratio to ``none`` against the ``1 - p`` it was
+    asked to keep (met only when its whole spread clears it), its mean sync gap, and the FR
+    arm of the same wire dtype with the closest median throughput, with how many times less
+    often that FR arm synchronizes. ``budgets`` (:func:`slowdown_budgets`) gives each arm's
+    ``p`` as its job ran it; without them ``p`` is read from labels ``S <p>%...``."""
     rows = []
     for a in arms:
-        match = re.match(r"S (\d+(?:\.\d+)?)%", a["arm"])
+        if budgets is not None:
+            budget = budgets.get(a["arm"])
+        else:
+            match = re.match(r"S (\d+(?:\.\d+)?)%", a["arm"])
+            budget = float(match.group(1)) / 100 if match else None
         fr = [f for f in arms if f["arm"].startswith("FR ")
               and wire_tag(f["arm"]) == wire_tag(a["arm"])]
-        if not match or not fr:
+        if budget is None or not fr:
             continue
-        keep = 1 - float(match.group(1)) / 100
+        keep = 1 - budget
         near = min(fr, key=lambda f: abs(f["ratio"]["median"] - a["ratio"]["median"]))
         rows.append({"arm": a["arm"], "keep": keep, "ratio": a["ratio"], "gap": a["gap"],
                      "kept": a["ratio"]["min"] >= keep, "fr": near["arm"],
@@ -342,7 +361,7 @@ def report(out: Path, links: Sequence[str]) -> str:
         for hosts, arms in sorted(by_link[link].items()):
             command, *arm_lines = commands[(link, hosts)].splitlines()
             arm_list = "".join(f"- `{a.strip().removeprefix('arm ')}`\n" for a in arm_lines)
-            goal = slowdown_goal(arms)
+            goal = slowdown_goal(arms, slowdown_budgets(arm_lines) if arm_lines else None)
             sections.append(f"### {hosts} hosts, links {link}\n\n"
                             f"Command: `{command}`\n\n{table(arms)}\n\n"
                             f"{dominance_table(dominance(arms))}\n\n"

@@ -444,22 +444,34 @@ from each job's ``none`` arm and its link, with constants fitted on the 2-host j
               lam    the background allreduce's wait     shadow arms' allreduce times
                      for the cores, lam Tc
               phi    CPU work of one collective, phi Tc  (same)
+              lam_n  lam of a niced thread               niced arms' allreduce times
+                     (sync.thread_nice > 0: it yields
+                     the cores to training)
+              mu_n   the rest of a niced round's wait    niced back-to-back arms' gaps
+                     for the cores, mu_n Tc
               kappa  share of a background round's CPU   shadow arms' ratios and gaps
                      work that training pays
               q      exchanges a step that queue behind  shadow arms' ratios and gaps
                      a round's bytes
+              kappa_n  kappa of a niced thread           niced arms' ratios and gaps
     ddp       T = T0 + delta Tc + A                      no overlap with backward (worst case)
     FR-k      T = T0 + m/steps * (r + A)                 m = floor((steps-1)/k) + 1 rounds
               gap = (1 + (m-1) k) / m                    rounds after steps 1, k+1, 2k+1, ...
     shadow    Ab = A (1 + X/T0) + (lam + phi n_k) Tc     the allreduce in the background: it
                                                          shares the link with the all-to-alls
-                                                         and waits for the cores
-              R  = r + Ab / share                        a round's duration (max_comm_share
+                                                         and waits for the cores (lam_n for a
+                                                         niced thread)
+              Q  = 0 with the sync traffic in the low    training's packets go first (htb
+                   class (sync.socket_ifname)            priority): none queue behind a round
+              R  = r + Ab / share (+ mu_n Tc if niced)   a round's duration (max_comm_share
                                                          pauses between chunks)
               back to back: T = T0 + kappa (r + Ac + phi n_k Tc) / g + q Q min(1, Ab / (g T)),
                             g = max(1, R/T + 1/2)        (solved together: a delta waits for
                             the next step boundary, half a step on average; a share
-                            Ab / (g T) of the steps run while the link carries a round)
+                            Ab / (g T) of the steps run while the link carries a round;
+                            kappa_n, lam_n and mu_n for a niced thread)
+              max_staleness K: g is capped at K and T >= R / K (the step K after a round's
+                            snapshot waits for it)
               C  = g (T - T0)                            what one round costs training
               max_slowdown s: rounds stay back to back while C / (g T0) <= s; otherwise the
                             pacer spaces them g_s = C / (s T0) steps apart (n_b busy steps a
@@ -543,6 +555,9 @@ class TestbedArm:
     max_comm_share: float = 1.0  # shadow: the share of a round's time it may hold the link
     chunk_bytes: float | None = None  # a round's allreduce in collectives of this size
     wire_factor: float = 1.0  # bytes on the wire per float32 byte (0.5 for bf16, fp16)
+    thread_nice: int = 0  # shadow: sync.thread_nice, the thread's nice above training's
+    max_staleness: int | None = None  # shadow: the step that waits for a round (K)
+    low_class: bool = False  # FR and shadow: sync traffic in the links' low class
 
     @property
     def family(self) -> str:
@@ -552,16 +567,20 @@ class TestbedArm:
 _WIRE_FACTOR = {"float32": 1.0, "bfloat16": 0.5, "float16": 0.5}
 _WIRE_TAGS = {" bf16": 0.5, " fp16": 0.5}  # frontier.WIRE_TAGS
 _FR_NAME = re.compile(r"^FR k=(\d+)$")
-_SHADOW_NAME = re.compile(r"^S (link )?(\d+(?:\.\d+)?)%$")
+_SHADOW_NAME = re.compile(r"^S (?:(?P<b2b>back to back|b2b)"
+                          r"|(?P<link>link )?(?P<share>\d+(?:\.\d+)?)%)(?P<knobs>(?: [sn]\d+)*)$")
 
 
 def parse_testbed_arm(name: str, overrides: str | None = None,
                       chunk_bytes: float | None = None) -> TestbedArm:
     """The arm a frontier arm name stands for: ``none``, ``ddp``, ``FR k=<k>``, ``S back to
-    back``, ``S <p>%`` (accepted slowdown), ``S link <p>%`` (max_comm_share), each optionally
-    with a wire-dtype tag (`` bf16``). ``overrides`` (as the job's ``.cmd`` records them)
-    take precedence over the name; without them a shadow arm gets ``chunk_bytes``. ValueError
-    for anything else, so an arm the model does not know is never silently mispredicted."""
+    back`` (or ``S b2b``), ``S <p>%`` (accepted slowdown), ``S link <p>%`` (max_comm_share);
+    a shadow name may add `` s<K>`` (max_staleness) and `` n<N>`` (thread_nice), and any
+    name a wire-dtype tag (`` bf16``). ``overrides`` (as the job's ``.cmd`` records them)
+    take precedence over the name, and a ``sync.socket_ifname`` among them puts the sync
+    traffic in the low class (frontier's ``--sync-class low``); without them a shadow arm gets
+    ``chunk_bytes``. ValueError for anything else, so an arm the model does not know is never
+    silently mispredicted."""
     wire, base = 1.0, name
     for tag, factor in _WIRE_TAGS.items():
         if name.endswith(tag):
@@ -572,15 +591,16 @@ def parse_testbed_arm(name: str, overrides: str | None = None,
         arm = TestbedArm(name, "ddp")
     elif m := _FR_NAME.match(base):
         arm = TestbedArm(name, "fixed_rate", period=int(m.group(1)), wire_factor=wire)
-    elif base == "S back to back" or (m := _SHADOW_NAME.match(base)):
-        share = float(m.group(2)) / 100 if m else None
-        link_share = m is not None and m.group(1) is not None
-        arm = TestbedArm(name, "shadow", max_slowdown=None if link_share else share,
-                         max_comm_share=share if link_share and share else 1.0,
-                         chunk_bytes=chunk_bytes, wire_factor=wire)
+    elif m := _SHADOW_NAME.match(base):
+        share = None if m["b2b"] else float(m["share"]) / 100
+        knobs = {knob[0]: int(knob[1:]) for knob in m["knobs"].split()}
+        arm = TestbedArm(name, "shadow", max_slowdown=None if m["link"] else share,
+                         max_comm_share=share if m["link"] and share else 1.0,
+                         chunk_bytes=chunk_bytes, wire_factor=wire,
+                         thread_nice=knobs.get("n", 0), max_staleness=knobs.get("s"))
     else:
         raise ValueError(f"arm {name!r}: not a frontier arm (none, ddp, FR k=<k>, S back to "
-                         "back, S <p>%, S link <p>%)")
+                         "back, S b2b, S <p>%, S link <p>%, shadow ones with s<K>, n<N>)")
     if overrides is None:
         return arm
     given = dict(item.split("=", 1) for item in overrides.split() if "=" in item)
@@ -591,6 +611,8 @@ def parse_testbed_arm(name: str, overrides: str | None = None,
 
     period = number("sync.period")
     chunk_mb = number("sync.chunk_mb")
+    nice = number("sync.thread_nice")
+    staleness = number("sync.max_staleness")
     return dataclasses.replace(
         arm, period=int(period) if period is not None else arm.period,
         max_slowdown=number("sync.max_slowdown") if "sync.max_slowdown" in given
@@ -598,7 +620,11 @@ def parse_testbed_arm(name: str, overrides: str | None = None,
         max_comm_share=number("sync.max_comm_share") or arm.max_comm_share,
         chunk_bytes=chunk_mb * 2**20 if chunk_mb is not None else None,
         wire_factor=_WIRE_FACTOR[given["sync.wire_dtype"]] if "sync.wire_dtype" in given
-        else arm.wire_factor)
+        else arm.wire_factor,
+        thread_nice=int(nice) if nice is not None else arm.thread_nice,
+        max_staleness=(None if staleness is None else int(staleness))
+        if "sync.max_staleness" in given else arm.max_staleness,
+        low_class=given.get("sync.socket_ifname", "null") not in ("", "null"))
 
 
 def _nanmean(values: Sequence[float]) -> float:
@@ -770,6 +796,9 @@ class TestbedConstants:
     stretch: float = 0.0  # lam
     queued: float = 0.0  # q
     per_chunk: float = 0.0  # phi
+    stretch_niced: float = 0.0  # lam_n: lam for a thread with sync.thread_nice > 0
+    wait_niced: float = 0.0  # mu_n: a niced round's wait for the cores outside its allreduce
+    kappa_niced: float = 0.0  # kappa_n: kappa for a niced thread
 
 
 @dataclasses.dataclass(frozen=True)
@@ -805,13 +834,19 @@ def shadow_gap(duration: float, step: float) -> float:
 
 
 def _back_to_back(t0: float, cpu_cost: float, queue_cost: float, background_s: float,
-                  duration: float) -> tuple[float, float]:
+                  duration: float, staleness: int | None = None) -> tuple[float, float]:
     """(T, g) solving T = T0 + cpu_cost / g + queue_cost * min(1, Ab / (g T)), with
-    g = shadow_gap(R, T), by bisection on [T0, T0 + cpu_cost + queue_cost]: the difference is
-    <= 0 at T0 and >= 0 at the top (g >= 1, the share <= 1), so a root lies between."""
+    g = shadow_gap(R, T) capped at ``staleness`` (K), by bisection on
+    [T0, T0 + cpu_cost + queue_cost]: the difference is <= 0 at T0 and >= 0 at the top
+    (g >= 1, the share <= 1), so a root lies between. Where the cap binds, the step K after a
+    round's snapshot waits for it: K steps last at least R, T >= R / K."""
+
+    def gap(step: float) -> float:
+        g = shadow_gap(duration, step)
+        return g if staleness is None else min(g, staleness)
 
     def excess(step: float) -> float:
-        g = shadow_gap(duration, step)
+        g = gap(step)
         return step - t0 - cpu_cost / g - queue_cost * min(1.0, background_s / (g * step))
 
     lo, hi = t0, t0 + cpu_cost + queue_cost
@@ -820,7 +855,8 @@ def _back_to_back(t0: float, cpu_cost: float, queue_cost: float, background_s: f
             mid = (lo + hi) / 2
             lo, hi = (mid, hi) if excess(mid) < 0 else (lo, mid)
     step = (lo + hi) / 2
-    return step, shadow_gap(duration, step)
+    g = gap(step)
+    return (step if staleness is None else max(step, duration / staleness)), g
 
 
 def shadow_rounds(steps: int, first_gap: float, gap: float) -> int:
@@ -858,11 +894,14 @@ def predict_testbed(arm: TestbedArm, job: TestbedJob, k: TestbedConstants) -> Te
         gap = (1 + (m - 1) * arm.period) / m
         return TestbedPrediction(t0 / step, gap, step, r + a, a, gap)
     n_chunks = chunks(arm, size)
-    background = a * (1 + job.a2a_s / t0) + (k.stretch + k.per_chunk * n_chunks) * tc
-    queue = job.queue_s(size / n_chunks)
+    stretch = k.stretch_niced if arm.thread_nice else k.stretch
+    background = a * (1 + job.a2a_s / t0) + (stretch + k.per_chunk * n_chunks) * tc
+    queue = 0.0 if arm.low_class else job.queue_s(size / n_chunks)
     cpu = r + job.transfer_cpu_of(size) + k.per_chunk * n_chunks * tc
-    step, gap = _back_to_back(t0, k.kappa * cpu, k.queued * queue,
-                              background, r + background / arm.max_comm_share)
+    duration = r + background / arm.max_comm_share + (k.wait_niced * tc if arm.thread_nice
+                                                      else 0.0)
+    step, gap = _back_to_back(t0, (k.kappa_niced if arm.thread_nice else k.kappa) * cpu,
+                              k.queued * queue, background, duration, arm.max_staleness)
     cost = gap * (step - t0)
     steady, first = gap, gap
     s = arm.max_slowdown
@@ -945,12 +984,16 @@ def fit_testbed(points: Fitted) -> TestbedConstants:
 
     rho from the FR arms, delta from ddp, lam and phi from the shadow arms' measured allreduce
     times: least squares on relative errors, the quantities being linear in them (lam and phi
-    are told apart only where the arms' chunk counts differ; else phi is 0). Then
-    kappa and q from the shadow arms' ratios and gaps together, on a grid refined by
-    coordinate search (neither is linear in them). The gaps weigh in because a paced arm's
+    are told apart only where the arms' chunk counts differ; else phi is 0); lam_n likewise
+    from the arms whose thread is niced, with that phi (lam from the others), and mu_n from
+    those arms' back-to-back gaps (the round lasts (gap - 1/2) steps). Then
+    kappa and q from the unniced shadow arms' ratios and gaps together, on a grid refined by
+    coordinate search (neither is linear in them), and kappa_n from the niced ones' with
+    those. The gaps weigh in because a paced arm's
     ratio is the pacer's target whatever a round costs; its gap is where the cost shows.
     """
     a_fr, b_fr, a_ddp, b_ddp, a_bg, b_bg, c_bg = [], [], [], [], [], [], []
+    niced: Fitted = []
     for arm, job, m in points:
         measured_step = job.step_s / m.ratio
         size = job.round_bytes * arm.wire_factor
@@ -963,6 +1006,8 @@ def fit_testbed(points: Fitted) -> TestbedConstants:
         elif arm.kind == "ddp":
             a_ddp.append((job.step_s + job.allreduce_s - measured_step) / measured_step)
             b_ddp.append(job.compute_s / measured_step)
+        elif arm.kind == "shadow" and m.comm_per_round_s > 0 and arm.thread_nice:
+            niced.append((arm, job, m))
         elif arm.kind == "shadow" and m.comm_per_round_s > 0:
             shared = job.allreduce_of(size) * (1 + job.a2a_s / job.step_s)
             a_bg.append((shared - m.comm_per_round_s) / m.comm_per_round_s)
@@ -970,28 +1015,57 @@ def fit_testbed(points: Fitted) -> TestbedConstants:
             c_bg.append(chunks(arm, size) * job.compute_s / m.comm_per_round_s)
     rho, delta = _weighted_ls(a_fr, b_fr), _weighted_ls(a_ddp, b_ddp)
     stretch, per_chunk = _nonneg_ls2(a_bg, b_bg, c_bg)
+    a_n, b_n = [], []
+    for arm, job, m in niced:  # with phi as the unniced arms give it
+        size = job.round_bytes * arm.wire_factor
+        shared = (job.allreduce_of(size) * (1 + job.a2a_s / job.step_s)
+                  + per_chunk * chunks(arm, size) * job.compute_s)
+        a_n.append((shared - m.comm_per_round_s) / m.comm_per_round_s)
+        b_n.append(job.compute_s / m.comm_per_round_s)
+    stretch_niced = _weighted_ls(a_n, b_n)
+    a_w, b_w = [], []
+    for arm, job, m in niced:  # unpaced back-to-back rounds: R = (gap - 1/2) T
+        if arm.max_slowdown is None and arm.max_staleness is None and m.gap > 1.5:
+            size = job.round_bytes * arm.wire_factor
+            background = (job.allreduce_of(size) * (1 + job.a2a_s / job.step_s)
+                          + (stretch_niced + per_chunk * chunks(arm, size)) * job.compute_s)
+            duration = (m.gap - 0.5) * job.step_s / m.ratio
+            a_w.append((rho * job.compute_s + background / arm.max_comm_share - duration)
+                       / duration)
+            b_w.append(job.compute_s / duration)
+    wait_niced = _weighted_ls(a_w, b_w)
     shadow = [(arm, job, m) for arm, job, m in points if arm.kind == "shadow"]
-    if not shadow:
-        return TestbedConstants(rho, delta, 0.0, stretch, 0.0, per_chunk)
 
-    def loss(kappa: float, queued: float) -> float:
-        k = TestbedConstants(rho, delta, kappa, stretch, queued, per_chunk)
+    def loss(kappa: float, queued: float, kappa_niced: float, niced_only: bool) -> float:
+        k = TestbedConstants(rho, delta, kappa, stretch, queued, per_chunk, stretch_niced,
+                             wait_niced, kappa_niced)
         total = 0.0
         for arm, job, m in shadow:
+            if bool(arm.thread_nice) != niced_only:
+                continue
             p = predict_testbed(arm, job, k)
             total += (p.ratio / m.ratio - 1) ** 2
             if m.gap > 0:
                 total += math.log(p.gap / m.gap) ** 2
         return total
 
-    grid = [(i / 10, j / 4) for i in range(11) for j in range(int(QUEUED_MAX * 4) + 1)]
-    kappa, queued = min(grid, key=lambda kq: loss(*kq))
-    for _ in range(3):  # coordinate search around the best grid point
-        kappa = _golden(functools.partial(lambda x, q: loss(x, q), q=queued),
-                        max(0.0, kappa - 0.1), min(1.0, kappa + 0.1))
-        queued = _golden(functools.partial(loss, kappa),
-                         max(0.0, queued - 0.25), min(QUEUED_MAX, queued + 0.25))
-    return TestbedConstants(rho, delta, kappa, stretch, queued, per_chunk)
+    kappa = queued = 0.0
+    if any(not arm.thread_nice for arm, _, _ in shadow):
+        grid = [(i / 10, j / 4) for i in range(11) for j in range(int(QUEUED_MAX * 4) + 1)]
+        kappa, queued = min(grid, key=lambda kq: loss(*kq, 0.0, False))
+        for _ in range(3):  # coordinate search around the best grid point
+            kappa = _golden(functools.partial(loss, queued=queued, kappa_niced=0.0,
+                                              niced_only=False),
+                            max(0.0, kappa - 0.1), min(1.0, kappa + 0.1))
+            queued = _golden(functools.partial(loss, kappa, kappa_niced=0.0, niced_only=False),
+                             max(0.0, queued - 0.25), min(QUEUED_MAX, queued + 0.25))
+    kappa_niced = 0.0
+    if niced:  # then the niced arms' own share, with the link's constants as fitted above
+        kappa_niced = min((i / 10 for i in range(11)), key=lambda x: loss(kappa, queued, x, True))
+        kappa_niced = _golden(lambda x: loss(kappa, queued, x, True),
+                              max(0.0, kappa_niced - 0.1), min(1.0, kappa_niced + 0.1))
+    return TestbedConstants(rho, delta, kappa, stretch, queued, per_chunk, stretch_niced,
+                            wait_niced, kappa_niced)
 
 
 def _rel(predicted: float, measured: float) -> float:
@@ -1040,7 +1114,7 @@ def testbed_rows(jobs: Mapping[tuple[int, str], Sequence[Mapping[str, Any]]], fi
 
     * in sample: fitted on every ``fit_hosts`` job, checked on those same jobs;
     * link held out: each ``fit_hosts`` job predicted from links and constants fitted on the
-      others (with at least two such jobs);
+      jobs of the other links (``1gbit-qos`` and ``1gbit`` are one link), where there are some;
     * other host count: every other job, predicted from the fit on all ``fit_hosts`` jobs:
       the extrapolation the model is for.
     """
@@ -1051,20 +1125,23 @@ def testbed_rows(jobs: Mapping[tuple[int, str], Sequence[Mapping[str, Any]]], fi
     if not fit_keys:
         raise ValueError(f"no {fit_hosts}-host job to fit the constants on")
 
-    def fit(keys: Sequence[tuple[int, str]]) -> tuple[TestbedLinks, TestbedConstants]:
+    @functools.cache
+    def fit(keys: tuple[tuple[int, str], ...]) -> tuple[TestbedLinks, TestbedConstants]:
         subset = {key: measured[key] for key in keys}
         calibrated = calibrate_links(subset, links)
         return calibrated, fit_testbed(_points(subset, calibrated, recorded, chunk_bytes))
 
-    full = fit(fit_keys)
+    full = fit(tuple(fit_keys))
     out = []
     for key in measured:
         if key[0] != fit_hosts:
             roles = [(OTHER_HOSTS, full)]
         else:
             roles = [(IN_SAMPLE, full)]
-            if len(fit_keys) > 1:
-                roles.append((LINK_HELD_OUT, fit([k for k in fit_keys if k != key])))
+            others = tuple(k for k in fit_keys
+                           if _link_rate_name(k[1]) != _link_rate_name(key[1]))
+            if others:
+                roles.append((LINK_HELD_OUT, fit(others)))
         for role, (calibrated, k) in roles:
             out += [_testbed_row(arm, job, m, role, k)
                     for arm, job, m in _points({key: measured[key]}, calibrated, recorded,
@@ -1165,7 +1242,8 @@ def testbed_report(jobs: Mapping[tuple[int, str], Sequence[Mapping[str, Any]]],
         "telemetry (round cost, busy share) is not an input.", "",
         "Roles: *in sample*: constants fitted on every "
         f"{fit_hosts}-host job, checked on them. *link held out*: each {fit_hosts}-host job "
-        "predicted from constants fitted on the other links' jobs. *other host count*: jobs "
+        "predicted from constants fitted on the other links' jobs (every job of its link "
+        "rate, whatever its tag, left out). *other host count*: jobs "
         f"with another number of hosts, predicted from all {fit_hosts}-host jobs (the "
         "extrapolation the model is for).", "",
         "Arms as each job's `.cmd` records their overrides"
@@ -1187,10 +1265,16 @@ def testbed_report(jobs: Mapping[tuple[int, str], Sequence[Mapping[str, Any]]],
         "shadow arms' allreduce times |",
         f"| phi, the same per collective of a chunked round, compute steps | {k.per_chunk:.4f} "
         "| shadow arms' allreduce times |",
+        f"| lam_n, the same for a niced thread (sync.thread_nice > 0), compute steps | "
+        f"{k.stretch_niced:.3f} | niced shadow arms' allreduce times |",
+        f"| mu_n, a niced round's other wait for the cores, compute steps | "
+        f"{k.wait_niced:.3f} | niced back-to-back arms' gaps |",
         f"| kappa, share of a round's CPU work training pays | {k.kappa:.3f} | "
         "shadow arms' ratios and gaps |",
         f"| q, exchanges a step that queue behind a round | {k.queued:.3f} | "
-        "shadow arms' ratios and gaps |", "",
+        "shadow arms' ratios and gaps |",
+        f"| kappa_n, the same as kappa for a niced thread | {k.kappa_niced:.3f} | "
+        "niced shadow arms' ratios and gaps |", "",
         "## Summary: |relative error| per role and arm family", "",
         "*in spread*: predicted ratios inside the measured [min, max] over repeats. *at gap*: "
         "the shadow ratio the cost model gives at the measured gap.", "",

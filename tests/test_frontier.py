@@ -58,6 +58,18 @@ def test_slowdown_goal_needs_the_whole_spread_and_names_the_nearest_fr() -> None
         in fr.slowdown_table([missed])
 
 
+def test_slowdown_budgets_come_from_the_recorded_overrides() -> None:
+    lines = ["  arm none: sync.algorithm=none",
+             "  arm FR k=10: sync.algorithm=ma sync.mode=fixed_rate sync.period=10",
+             "  arm S 5%: sync.algorithm=ma sync.max_slowdown=0.2 sync.socket_ifname=veth0:sync",
+             "  arm S back to back: sync.algorithm=ma sync.max_slowdown=null"]
+    budgets = fr.slowdown_budgets(lines)
+    assert budgets == {"S 5%": 0.2}  # what the arm ran with, whatever its label says
+    (goal,) = fr.slowdown_goal(list(arms().values()), budgets)
+    assert goal["keep"] == pytest.approx(0.8)
+    assert fr.slowdown_goal(list(arms().values()), {}) == []  # no arm had a budget
+
+
 def test_ratios_are_to_the_same_repeats_none() -> None:
     a = arms()
     assert a["FR k=10"]["ratio"] == pytest.approx({"median": 0.9, "min": 0.9, "max": 0.9})

@@ -562,3 +562,83 @@ def test_testbed_command_line_chunk_fallbacks(tmp_path: Path,
     assert "h2_1gbit (shadow in 0.0625 MiB chunks), h2_200mbit (shadow in 0.5 MiB chunks)" in text
     assert run("h4_1gbit=1") == 2
     assert "no job h4_1gbit" in capsys.readouterr().err
+
+
+def test_arms_with_staleness_nice_and_traffic_class() -> None:
+    arm = sm.parse_testbed_arm("S b2b n10 s4")
+    assert (arm.kind, arm.max_slowdown, arm.thread_nice, arm.max_staleness, arm.low_class) == (
+        "shadow", None, 10, 4, False)
+    assert sm.parse_testbed_arm("S 5% n19").thread_nice == 19
+    assert sm.parse_testbed_arm("S b2b") == dataclasses.replace(
+        sm.parse_testbed_arm("S back to back"), name="S b2b")
+    recorded = sm.parse_testbed_arm(
+        "S b2b s1", "sync.mode=shadow sync.max_slowdown=null sync.max_staleness=null "
+        "sync.thread_nice=5 sync.socket_ifname=veth0:sync")
+    assert (recorded.max_staleness, recorded.thread_nice, recorded.low_class) == (None, 5, True)
+    assert sm.parse_testbed_arm("FR k=2", "sync.period=2 sync.socket_ifname=veth0:sync").low_class
+    assert not sm.parse_testbed_arm("FR k=2", "sync.period=2").low_class
+    with pytest.raises(ValueError, match="not a frontier arm"):
+        sm.parse_testbed_arm("S b2b x3")
+
+
+def test_staleness_class_and_nice_on_hand_numbers() -> None:
+    """The job of test_shadow_queue_term_on_hand_numbers; then the bound K: a round lasting
+    longer than K steps makes the K-th step wait for it."""
+    job = sm.TestbedJob(hosts=2, link="x", steps=100, step_s=0.1, bandwidth_Bps=1e8,
+                        round_bytes=1e6, a2a_s=0.0, cpu_Bps=1e9, link_Bps=1e7,
+                        tbf_latency_s=0.1)
+    k = sm.TestbedConstants(rho=0.1, delta=0.0, kappa=1.0, queued=2.0)
+
+    def predict(name: str, overrides: str | None = None,
+                constants: sm.TestbedConstants = k) -> sm.TestbedPrediction:
+        return sm.predict_testbed(sm.parse_testbed_arm(name, overrides), job, constants)
+
+    low = predict("S b2b", "sync.max_slowdown=null sync.socket_ifname=veth0:sync")
+    assert low.step_s == pytest.approx(0.111)  # no queue behind a round in the low class
+    assert predict("S b2b").step_s > 0.111
+    # a long round: S = 1e8 B, A = 1 s, Ac = 0.1 s, r = 0.01 s, R = 1.01 s, Tc = T0 = 0.1 s
+    big = dataclasses.replace(job, round_bytes=1e8, link_Bps=None)
+    free = sm.predict_testbed(sm.parse_testbed_arm("S b2b"), big, k)
+    assert free.steady_gap > 4  # unbounded: rounds span many steps
+    for bound in (1, 2, 4):
+        p = sm.predict_testbed(sm.parse_testbed_arm(f"S b2b s{bound}"), big, k)
+        assert p.steady_gap == bound
+        assert p.step_s == pytest.approx(1.01 / bound)  # the wait, not the CPU cost, binds
+    loose = sm.predict_testbed(sm.parse_testbed_arm("S b2b s50"), big, k)
+    assert (loose.step_s, loose.steady_gap) == (free.step_s, free.steady_gap)  # never binds
+    # a niced thread: kappa_n, lam_n and mu_n instead of kappa and lam
+    niced_k = dataclasses.replace(k, kappa=0.0, stretch=0.0, kappa_niced=0.5,
+                                  stretch_niced=1.0, wait_niced=2.0)
+    plain = sm.predict_testbed(sm.parse_testbed_arm("S b2b"), big, niced_k)
+    assert plain.step_s == pytest.approx(0.1)  # kappa = 0: free
+    niced = sm.predict_testbed(sm.parse_testbed_arm("S b2b n10"), big, niced_k)
+    assert niced.allreduce_s == pytest.approx(1.0 + 1.0 * 0.1)  # A + lam_n Tc
+    duration = 0.01 + 1.1 + 2.0 * 0.1  # r + Ab + mu_n Tc
+    assert niced.steady_gap == pytest.approx(duration / niced.step_s + 0.5)
+    assert niced.step_s == pytest.approx(0.1 + 0.5 * (0.01 + 0.1) / niced.steady_gap)
+
+
+def test_fit_recovers_the_niced_thread_constants() -> None:
+    true = dataclasses.replace(TRUE, stretch_niced=0.8, wait_niced=1.5, kappa_niced=0.25)
+    arms = [*TB_ARMS, "S b2b n10", "S b2b n19", "S 5% n10"]
+    jobs = {(2, link): _rows(_job(link=link, t0=0.08, s=8e6, w=7e5), true, arms, batch=128)
+            for link in ("unlimited", "1gbit", "200mbit")}
+    _, k, rows = sm.testbed_rows(jobs, fit_hosts=2, links=LINKS)
+    assert (k.kappa, k.queued, k.stretch) == pytest.approx((0.6, 1.5, 0.5), abs=0.01)
+    assert k.stretch_niced == pytest.approx(0.8, rel=1e-6)  # from allreduce times: exact
+    # mu_n from gaps as measured (rounds over a finite run), kappa_n from ratios and gaps
+    assert k.wait_niced == pytest.approx(1.5, rel=0.15)
+    assert k.kappa_niced == pytest.approx(0.25, abs=0.05)
+    niced = [r for r in rows if r["role"] == sm.IN_SAMPLE and " n1" in r["arm"]]
+    assert len(niced) == 9 and all(abs(r["ratio_error"]) < 0.02 for r in niced)
+
+
+def test_link_held_out_leaves_out_every_job_of_that_link() -> None:
+    jobs = {(2, "1gbit"): _rows(_job(link="1gbit"), TRUE),
+            (2, "1gbit-qos"): _rows(_job(link="1gbit"), TRUE)}
+    _, _, rows = sm.testbed_rows(jobs, fit_hosts=2, links=LINKS)
+    assert {r["role"] for r in rows} == {sm.IN_SAMPLE}  # one link: nothing to hold out
+    jobs[2, "200mbit"] = _rows(_job(link="200mbit"), TRUE)
+    _, _, rows = sm.testbed_rows(jobs, fit_hosts=2, links=LINKS)
+    assert {r["link"] for r in rows if r["role"] == sm.LINK_HELD_OUT} == {
+        "1gbit", "1gbit-qos", "200mbit"}
