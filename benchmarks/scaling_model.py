@@ -874,6 +874,14 @@ def chunks(arm: TestbedArm, nbytes: float) -> int:
     return 1 if arm.chunk_bytes is None else max(1, math.ceil(nbytes / arm.chunk_bytes))
 
 
+def _background_s(job: TestbedJob, arm: TestbedArm, size: float, lam: float, phi: float
+                  ) -> float:
+    """Ab: a round's allreduce of ``size`` bytes in the background, sharing the link with the
+    all-to-alls and waiting ``lam`` (and ``phi`` per collective) compute steps for the cores."""
+    return (job.allreduce_of(size) * (1 + job.a2a_s / job.step_s)
+            + (lam + phi * chunks(arm, size)) * job.compute_s)
+
+
 def predict_testbed(arm: TestbedArm, job: TestbedJob, k: TestbedConstants) -> TestbedPrediction:
     """The model's ratio to ``none`` and sync gap of ``arm`` in ``job`` (TESTBED_DOC)."""
     t0, tc = job.step_s, job.compute_s
@@ -894,14 +902,14 @@ def predict_testbed(arm: TestbedArm, job: TestbedJob, k: TestbedConstants) -> Te
         gap = (1 + (m - 1) * arm.period) / m
         return TestbedPrediction(t0 / step, gap, step, r + a, a, gap)
     n_chunks = chunks(arm, size)
-    stretch = k.stretch_niced if arm.thread_nice else k.stretch
-    background = a * (1 + job.a2a_s / t0) + (stretch + k.per_chunk * n_chunks) * tc
+    kappa, stretch, wait = ((k.kappa_niced, k.stretch_niced, k.wait_niced) if arm.thread_nice
+                            else (k.kappa, k.stretch, 0.0))
+    background = _background_s(job, arm, size, stretch, k.per_chunk)
     queue = 0.0 if arm.low_class else job.queue_s(size / n_chunks)
     cpu = r + job.transfer_cpu_of(size) + k.per_chunk * n_chunks * tc
-    duration = r + background / arm.max_comm_share + (k.wait_niced * tc if arm.thread_nice
-                                                      else 0.0)
-    step, gap = _back_to_back(t0, (k.kappa_niced if arm.thread_nice else k.kappa) * cpu,
-                              k.queued * queue, background, duration, arm.max_staleness)
+    duration = r + background / arm.max_comm_share + wait * tc
+    step, gap = _back_to_back(t0, kappa * cpu, k.queued * queue, background, duration,
+                              arm.max_staleness)
     cost = gap * (step - t0)
     steady, first = gap, gap
     s = arm.max_slowdown
@@ -1009,7 +1017,7 @@ def fit_testbed(points: Fitted) -> TestbedConstants:
         elif arm.kind == "shadow" and m.comm_per_round_s > 0 and arm.thread_nice:
             niced.append((arm, job, m))
         elif arm.kind == "shadow" and m.comm_per_round_s > 0:
-            shared = job.allreduce_of(size) * (1 + job.a2a_s / job.step_s)
+            shared = _background_s(job, arm, size, 0.0, 0.0)
             a_bg.append((shared - m.comm_per_round_s) / m.comm_per_round_s)
             b_bg.append(job.compute_s / m.comm_per_round_s)
             c_bg.append(chunks(arm, size) * job.compute_s / m.comm_per_round_s)
@@ -1017,18 +1025,15 @@ def fit_testbed(points: Fitted) -> TestbedConstants:
     stretch, per_chunk = _nonneg_ls2(a_bg, b_bg, c_bg)
     a_n, b_n = [], []
     for arm, job, m in niced:  # with phi as the unniced arms give it
-        size = job.round_bytes * arm.wire_factor
-        shared = (job.allreduce_of(size) * (1 + job.a2a_s / job.step_s)
-                  + per_chunk * chunks(arm, size) * job.compute_s)
+        shared = _background_s(job, arm, job.round_bytes * arm.wire_factor, 0.0, per_chunk)
         a_n.append((shared - m.comm_per_round_s) / m.comm_per_round_s)
         b_n.append(job.compute_s / m.comm_per_round_s)
     stretch_niced = _weighted_ls(a_n, b_n)
     a_w, b_w = [], []
     for arm, job, m in niced:  # unpaced back-to-back rounds: R = (gap - 1/2) T
         if arm.max_slowdown is None and arm.max_staleness is None and m.gap > 1.5:
-            size = job.round_bytes * arm.wire_factor
-            background = (job.allreduce_of(size) * (1 + job.a2a_s / job.step_s)
-                          + (stretch_niced + per_chunk * chunks(arm, size)) * job.compute_s)
+            background = _background_s(job, arm, job.round_bytes * arm.wire_factor,
+                                       stretch_niced, per_chunk)
             duration = (m.gap - 0.5) * job.step_s / m.ratio
             a_w.append((rho * job.compute_s + background / arm.max_comm_share - duration)
                        / duration)
@@ -1295,7 +1300,7 @@ def testbed_report(jobs: Mapping[tuple[int, str], Sequence[Mapping[str, Any]]],
                   f"{fit_hosts} hosts; the extrapolation across host counts is unchecked."]
     parts += [""]
     for (hosts, link) in sorted({(r["hosts"], r["link"]) for r in rows},
-                                key=lambda hl: (hl[0], -(link_rate_Bps(hl[1]) or math.inf))):
+                                key=lambda hl: (hl[0], -(link_rate_Bps(hl[1]) or math.inf), hl[1])):
         mine = [r for r in rows if (r["hosts"], r["link"]) == (hosts, link)]
         role = _headline_role(hosts, fit_hosts, {r["role"] for r in mine})
         job_rows = [f"## {hosts} hosts, {link}: {role}", "",
