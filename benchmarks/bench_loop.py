@@ -199,12 +199,13 @@ def profile(preset: str, steps: int, overrides: list[str], env: DistEnv, out: Pa
             if e.key.startswith(("## ", "shadowsync.")):  # TorchRec numbers some by batch
                 totals[re.sub(r" \d+ ##$", " ##", e.key)] += e.cpu_time_total / steps / 1e3
         per_arm[arm] = totals
-    top = 20
     labels = sorted({k for t in per_arm.values() for k in t},
                     key=lambda k: -max(t.get(k, 0.0) for t in per_arm.values()))
+    # TorchRec's 20 largest, and every phase of our loop however small
+    shown = labels[:20] + [k for k in labels[20:] if k.startswith("shadowsync.")]
     lines = ["| label (CPU ms per step, inclusive) | " + " | ".join(ARMS) + " |",
              "|---|" + "---:|" * len(ARMS)]
-    for k in labels[:top]:
+    for k in shown:
         lines.append(f"| `{k}` | " + " | ".join(
             f"{per_arm[a][k]:.3f}" if k in per_arm[a] else "-" for a in ARMS) + " |")
     return "\n".join(lines)

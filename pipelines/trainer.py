@@ -9,8 +9,11 @@ import json
 import logging
 import math
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +53,8 @@ _TASK = RecTaskInfo(name="ctr", label_name="label", prediction_name="prediction"
 
 
 class BatchedRecMetricModule(RecMetricModule):
-    """TorchRec's metric module, fed every ``flush_every`` steps instead of every step.
+    """TorchRec's metric module, fed every ``flush_every`` steps instead of every step, and
+    computed in the background.
 
     Each update of NE, AUC and calibration costs a few dozen small tensor ops and the window's
     bookkeeping whatever the batch size, a measurable share of a CPU step; so :meth:`add` only
@@ -60,21 +64,33 @@ class BatchedRecMetricModule(RecMetricModule):
     this list append (measured with ``benchmarks/bench_loop.py``). :meth:`compute` flushes
     first, so every metric covers every example up to the current step; the window then
     moves in chunks of ``flush_every`` batches rather than one.
+
+    A ``compute()`` costs far more than an update (AUC sorts the window; torchmetrics gathers
+    each state with a barrier and two allgathers), so :meth:`start_compute` runs it in a thread
+    of its own, on the module's own process group (``process_group``, which nothing else
+    uses): training goes on meanwhile, and :meth:`add` keeps batches back until it is done, so
+    the result is exactly that of a ``compute()`` at the step it was started. TorchRec's
+    ``async_compute`` is not implemented for ``RecMetricModule``.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.flush_every = 1
         self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._computing: Future[dict[str, Any]] | None = None
 
     def add(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
         """One training batch's logits and labels."""
         self._pending.append((logits.detach(), labels))
-        if len(self._pending) >= self.flush_every:
-            self.flush()
+        if len(self._pending) >= self.flush_every and not self.computing():
+            self._flush()
 
-    def flush(self) -> None:
-        """Hands every kept batch to the metrics in one update."""
+    def computing(self) -> bool:
+        """Whether a compute started by :meth:`start_compute` is still running."""
+        return self._computing is not None and not self._computing.done()
+
+    def _flush(self) -> None:
+        """Hands every kept batch to the metrics in one update (never while computing)."""
         if self._pending:
             logits = torch.cat([lg for lg, _ in self._pending])
             labels = torch.cat([lb for _, lb in self._pending])
@@ -82,14 +98,42 @@ class BatchedRecMetricModule(RecMetricModule):
             self.update({"prediction": torch.sigmoid(logits), "label": labels,
                          "weight": torch.ones_like(labels)})
 
+    def _settle(self) -> None:
+        """Waits for the background compute, if any, and feeds the batches held back."""
+        if self._computing is not None:
+            self._computing.exception()
+            self._computing = None
+        self._flush()
+
+    def start_compute(self) -> Future[dict[str, Any]]:
+        """Collective: :meth:`compute` in a background thread, over every batch added so far
+        (after any compute still running). Every rank must call it at the same step."""
+        self._settle()
+        future: Future[dict[str, Any]] = Future()
+
+        compute = super().compute
+
+        def main() -> None:
+            try:
+                future.set_result(compute())
+            except BaseException as e:  # handed to whoever reads the result
+                future.set_exception(e)
+
+        # A daemon: a compute stuck on a peer that died must not keep this process alive.
+        threading.Thread(target=main, name="shadowsync-metrics", daemon=True).start()
+        self._computing = future
+        return future
+
     def compute(self) -> dict[str, Any]:
-        self.flush()
+        self._settle()
         return super().compute()
 
 
-def train_metric_module(cfg: RunConfig, env: DistEnv) -> BatchedRecMetricModule:
+def train_metric_module(cfg: RunConfig, env: DistEnv,
+                        process_group: dist.ProcessGroup | None = None) -> BatchedRecMetricModule:
     """TorchRec's metric module: NE, AUC and calibration over a window of recent examples, NE
-    and calibration over the whole run; ``compute()`` reduces over all ranks.
+    and calibration over the whole run; ``compute()`` reduces over all ranks of
+    ``process_group`` (default: the default group).
 
     Updates go in chunks of up to 64 batches, half the window at most. The training loop
     counts examples and time itself rather than through TorchRec's throughput metric, whose
@@ -108,6 +152,7 @@ def train_metric_module(cfg: RunConfig, env: DistEnv) -> BatchedRecMetricModule:
         my_rank=env.rank,
         state_metrics_mapping={},
         device=env.device,
+        process_group=process_group,
     )
     assert isinstance(module, BatchedRecMetricModule)
     local_window = math.ceil(window / env.world_size)
@@ -122,6 +167,11 @@ class Trainer:
     between steps (ShadowSync adds a finished delta there), ``pause``/``resume`` around every
     evaluation and checkpoint (with the final sync, so the model evaluated or saved is one
     model), and ``finish`` at the end.
+
+    Every ``train.log_every`` steps a training record (loss, examples/s, the synchronizer's
+    counters, TorchRec's windowed NE, AUC and calibration) is started; its metrics reduce over
+    the ranks in the background (:class:`BatchedRecMetricModule`) and the record is logged as
+    soon as they are done, or before the next record of any kind, so records stay in order.
 
     Every ``train.control_every_steps`` steps the ranks agree (:class:`~.faults.Control`) on
     whether to degrade a failed synchronizer and whether to stop: once SIGTERM reached any rank
@@ -158,7 +208,13 @@ class Trainer:
         self.pipeline = TrainPipelineSparseDist(self.dmp, self.optimizer, env.device)
         self.control = faults.Control(cfg.train.pg_timeout_s)
         self.watch = faults.FiniteWatch(list(dense_parameters(self.dmp).values()), env.device)
-        self.metrics = train_metric_module(cfg, env)
+        # Gloo, like the synchronizer's group: the metrics reduce from a thread of their own,
+        # where NCCL beside the training loop's communicator is not safe.
+        self._metrics_group = dist.new_group(
+            backend="gloo", timeout=timedelta(seconds=cfg.train.pg_timeout_s))
+        self.metrics = train_metric_module(cfg, env, self._metrics_group)
+        # The training record whose metrics are being computed in the background.
+        self._record_pending: tuple[dict[str, Any], Future[dict[str, Any]]] | None = None
         self.console = ConsoleLog(planned_steps(cfg.train.steps, cfg.train.epochs, dataset,
                                                 cfg.train.batch_size, env.world_size))
         self.position = DataPosition()
@@ -183,6 +239,7 @@ class Trainer:
         destroy could wait on a peer that is gone (the process exits instead)."""
         self.wrapper.close()
         dist.destroy_process_group(self.control.group)
+        dist.destroy_process_group(self._metrics_group)
 
     def __enter__(self) -> Trainer:
         return self
@@ -194,7 +251,9 @@ class Trainer:
     # ------------------------------------------------------------------ records
     def _log(self, record: dict[str, Any]) -> None:
         """Rank 0 prints a line a person reads and appends the record, with its Unix ``time``,
-        to ``metrics.jsonl``."""
+        to ``metrics.jsonl``; a training record still computing is logged first (waiting for
+        it), so records stay in step order."""
+        self._finish_train_record()
         self.history.append(record)
         if self.env.rank == 0:
             line = self.console.line(record)
@@ -204,16 +263,13 @@ class Trainer:
                 with open(self.out_dir / "metrics.jsonl", "a") as f:
                     f.write(json.dumps({**record, "time": round(time.time(), 3)}) + "\n")
 
-    def _train_record(self, loss: float) -> dict[str, Any]:
-        """Collective: TorchRec's metric module reduces its state over all ranks. Examples/s
-        is over the steps since the previous record, ``examples`` counts from step 0."""
-        computed = self.metrics.compute()
-        names = {
-            "ne-ctr|window_ne": "ne",
-            "ne-ctr|lifetime_ne": "lifetime_ne",
-            "auc-ctr|window_auc": "auc",
-            "calibration-ctr|window_calibration": "calibration",
-        }
+    def _start_train_record(self, loss: float) -> None:
+        """Collective: the training record of this step. TorchRec's metric module reduces its
+        state over all ranks in the background (:meth:`BatchedRecMetricModule.start_compute`)
+        and :meth:`_finish_train_record` logs the record once that is done. Examples/s is
+        over the steps since the previous record, ``examples`` counts from step 0."""
+        self._finish_train_record()
+        computing = self.metrics.start_compute()
         per_step = self.cfg.train.batch_size * self.env.world_size
         now = time.perf_counter()
         since, steps_before = self._last_record
@@ -222,8 +278,26 @@ class Trainer:
                                   "examples_per_s": (self.step - steps_before) * per_step
                                   / max(now - since, 1e-9),
                                   "examples": self.step * per_step}
-        record.update({short: float(computed[k]) for k, short in names.items() if k in computed})
         record.update({f"sync_{k}": v for k, v in self.wrapper.stats().items()})
+        self._record_pending = (record, computing)
+
+    def _finish_train_record(self, wait: bool = True) -> dict[str, Any] | None:
+        """Logs the training record whose metrics were computing, once they are (waiting for
+        them if ``wait``; otherwise only if done); returns it, or None if none was logged.
+        Raises what the computation raised."""
+        if self._record_pending is None or not (wait or self._record_pending[1].done()):
+            return None
+        (record, computing), self._record_pending = self._record_pending, None
+        computed = computing.result()
+        names = {
+            "ne-ctr|window_ne": "ne",
+            "ne-ctr|lifetime_ne": "lifetime_ne",
+            "auc-ctr|window_auc": "auc",
+            "calibration-ctr|window_calibration": "calibration",
+        }
+        record = {**record, **{short: float(computed[k]) for k, short in names.items()
+                               if k in computed}}
+        self._log(record)
         return record
 
     # ------------------------------------------------------------------ eval
@@ -530,13 +604,13 @@ class Trainer:
                 if self.step % cfg.train.log_every == 0:
                     with record_function("shadowsync.train.log"):
                         self._check_finite(f"before the log of step {self.step}")
-                        record = self._train_record(float(loss_sum) / loss_n)
-                        bar.set_postfix(loss=f"{record['loss']:.4f}",
-                                        ne=f"{record.get('ne', 0):.4f}",
-                                        ex_s=f"{record.get('examples_per_s', 0):,.0f}")
-                        self._log(record)
+                        self._start_train_record(float(loss_sum) / loss_n)
                     loss_sum.zero_()
                     loss_n = 0
+                record = self._finish_train_record(wait=False)
+                if record is not None:
+                    bar.set_postfix(loss=f"{record['loss']:.4f}", ne=f"{record.get('ne', 0):.4f}",
+                                    ex_s=f"{record['examples_per_s']:,.0f}")
                 ckpt_due = every_ckpt is not None and self.step % every_ckpt == 0
                 # Agree before anything that pauses the synchronizer, so no rank pauses a
                 # runner that another rank has given up on.
@@ -549,6 +623,7 @@ class Trainer:
                     train_time += time.perf_counter() - t_seg
                     self.save_checkpoint()
                     t_seg = time.perf_counter()
+            self._finish_train_record()  # logged before what may fail the evaluation or end
             train_time += time.perf_counter() - t_seg
             preempted = preempted or self._agree_to_stop()  # an evaluation or the end follows
             if preempted:

@@ -119,3 +119,69 @@ def test_trainer_feeds_torchrecs_metrics_in_chunks_without_changing_them() -> No
                        "calibration-ctr|window_calibration": ref["calibration"]}.items():
         assert abs(float(got[key]) - float(want[key])) < 1e-5, (key, got[key], want[key])
         assert abs(float(got[key]) - value) < 1e-4, (key, float(got[key]), value)
+
+
+def test_background_compute_is_the_compute_of_its_step_and_holds_later_batches_back(
+        monkeypatch: Any) -> None:
+    """``start_compute`` runs TorchRec's reduction in a thread while training goes on: its result
+    covers exactly the batches added before it started (a float64 reference over them), the
+    batches added meanwhile are held back from TorchRec's state (updating it under a running
+    compute would race) and reach it once the compute is done; a failure of the background
+    compute is raised to whoever reads it."""
+    import threading
+
+    import torch.distributed as dist
+    from torchrec.metrics.metric_module import RecMetricModule
+
+    from shadowsync.pipelines.build import DistEnv
+    from shadowsync.pipelines.config import load_config
+    from shadowsync.pipelines.trainer import train_metric_module
+
+    cfg = load_config("movielens_1m", ["train.batch_size=64", "logging.window_examples=12800"])
+    batches = [(logits + 1e-3 * torch.arange(64), labels)
+               for logits, labels in (_sample(200 + i, 64) for i in range(30))]
+    release = threading.Event()
+    stock_compute = RecMetricModule.compute
+
+    def held(self: RecMetricModule) -> Any:
+        assert release.wait(60), "the test never released the compute"
+        return stock_compute(self)
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        module = train_metric_module(cfg, DistEnv(0, 1, 0, torch.device("cpu"), "gloo"),
+                                     dist.new_group(backend="gloo"))
+        assert module.flush_every == 64  # 12,800 // (2 * 64) = 100, at most 64
+        module.flush_every = 4
+        for logits, labels in batches[:10]:
+            module.add(logits, labels)
+        monkeypatch.setattr(RecMetricModule, "compute", held)
+        first = module.start_compute()
+        for logits, labels in batches[10:]:  # more than flush_every: all held back
+            module.add(logits, labels)
+        assert module.computing() and len(module._pending) == 20
+        release.set()
+        got = first.result(timeout=60)
+        assert not module.computing()
+        monkeypatch.setattr(RecMetricModule, "compute", stock_compute)
+        total = module.compute()  # feeds the held-back batches first
+
+        def boom(self: RecMetricModule) -> Any:
+            raise RuntimeError("peer gone")
+
+        monkeypatch.setattr(RecMetricModule, "compute", boom)
+        failed = module.start_compute()
+        try:
+            failed.result(timeout=60)
+            raise AssertionError("the background failure was not raised")
+        except RuntimeError as e:
+            assert "peer gone" in str(e)
+    finally:
+        dist.destroy_process_group()
+    for computed, upto in ((got, 10), (total, 30)):
+        ref = _reference(torch.cat([b[0] for b in batches[:upto]]),
+                         torch.cat([b[1] for b in batches[:upto]]))
+        for key, value in {"ne-ctr|lifetime_ne": ref["ne"], "ne-ctr|window_ne": ref["ne"],
+                           "auc-ctr|window_auc": ref["auc"],
+                           "calibration-ctr|window_calibration": ref["calibration"]}.items():
+            assert abs(float(computed[key]) - value) < 1e-4, (upto, key, float(computed[key]))
