@@ -52,6 +52,15 @@ _TASK = RecTaskInfo(name="ctr", label_name="label", prediction_name="prediction"
                     weight_name="weight")
 
 
+# TorchRec's metric keys, and the names a training record gives them.
+_RECORD_METRICS = {
+    "ne-ctr|window_ne": "ne",
+    "ne-ctr|lifetime_ne": "lifetime_ne",
+    "auc-ctr|window_auc": "auc",
+    "calibration-ctr|window_calibration": "calibration",
+}
+
+
 class BatchedRecMetricModule(RecMetricModule):
     """TorchRec's metric module, fed every ``flush_every`` steps instead of every step, and
     computed in the background.
@@ -99,10 +108,11 @@ class BatchedRecMetricModule(RecMetricModule):
                          "weight": torch.ones_like(labels)})
 
     def _settle(self) -> None:
-        """Waits for the background compute, if any, and feeds the batches held back."""
-        if self._computing is not None:
-            self._computing.exception()
-            self._computing = None
+        """Waits for the background compute, if any (raising what it raised, so that a
+        failure nobody read is not lost), and feeds the batches held back."""
+        computing, self._computing = self._computing, None
+        if computing is not None:
+            computing.result()
         self._flush()
 
     def start_compute(self) -> Future[dict[str, Any]]:
@@ -289,13 +299,7 @@ class Trainer:
             return None
         (record, computing), self._record_pending = self._record_pending, None
         computed = computing.result()
-        names = {
-            "ne-ctr|window_ne": "ne",
-            "ne-ctr|lifetime_ne": "lifetime_ne",
-            "auc-ctr|window_auc": "auc",
-            "calibration-ctr|window_calibration": "calibration",
-        }
-        record = {**record, **{short: float(computed[k]) for k, short in names.items()
+        record = {**record, **{short: float(computed[k]) for k, short in _RECORD_METRICS.items()
                                if k in computed}}
         self._log(record)
         return record
