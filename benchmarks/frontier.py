@@ -48,6 +48,7 @@ from cluster import (  # noqa: E402  (a script beside this one)
     Interrupted,
     parse_rate,
 )
+from scaling_model import arm_overrides  # noqa: E402
 
 from shadowsync.pipelines.records import current_keys  # noqa: E402
 
@@ -212,16 +213,15 @@ def dominance(arms: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def slowdown_budgets(arm_lines: Sequence[str]) -> dict[str, float]:
-    """Each arm's ``sync.max_slowdown`` from the ``  arm <name>: <overrides>`` lines of a
-    job's ``.cmd`` (the last one given wins, as in the config); arms without one are left
-    out."""
+def slowdown_budgets(arms: Mapping[str, str]) -> dict[str, float]:
+    """Each arm's ``sync.max_slowdown`` from its overrides as the job's ``.cmd`` records them
+    (:func:`scaling_model.arm_overrides`; the last one given wins, as in the config); arms
+    without one are left out."""
     budgets = {}
-    for line in arm_lines:
-        name, _, overrides = line.strip().removeprefix("arm ").partition(":")
+    for name, overrides in arms.items():
         given = dict(o.split("=", 1) for o in shlex.split(overrides) if "=" in o)
         if given.get("sync.max_slowdown", "null") != "null":
-            budgets[name.strip()] = float(given["sync.max_slowdown"])
+            budgets[name] = float(given["sync.max_slowdown"])
     return budgets
 
 
@@ -360,8 +360,9 @@ def report(out: Path, links: Sequence[str]) -> str:
         plot(link, by_link[link], out / f"frontier_{link}.png")
         for hosts, arms in sorted(by_link[link].items()):
             command, *arm_lines = commands[(link, hosts)].splitlines()
-            arm_list = "".join(f"- `{a.strip().removeprefix('arm ')}`\n" for a in arm_lines)
-            goal = slowdown_goal(arms, slowdown_budgets(arm_lines) if arm_lines else None)
+            recorded = arm_overrides(arm_lines)
+            arm_list = "".join(f"- `{name}: {o}`\n" for name, o in recorded.items())
+            goal = slowdown_goal(arms, slowdown_budgets(recorded) if recorded else None)
             sections.append(f"### {hosts} hosts, links {link}\n\n"
                             f"Command: `{command}`\n\n{table(arms)}\n\n"
                             f"{dominance_table(dominance(arms))}\n\n"

@@ -940,14 +940,20 @@ def load_arm_overrides(directory: Path) -> dict[tuple[int, str], dict[str, str]]
     out = {}
     for path in sorted(raw.glob("h*_*.cmd")):
         hosts, link = path.stem.split("_", 1)
-        arms = {}
-        for line in path.read_text().splitlines():
-            if line.startswith("  arm "):
-                name, _, overrides = line.removeprefix("  arm ").partition(":")
-                arms[name.strip()] = overrides.strip()
-        if arms:
+        if arms := arm_overrides(path.read_text().splitlines()):
             out[int(hosts[1:]), link] = arms
     return out
+
+
+def arm_overrides(lines: Sequence[str]) -> dict[str, str]:
+    """Each arm's overrides from the ``  arm <name>: <overrides>`` lines of a job's ``.cmd``
+    (other lines are skipped), in their order."""
+    arms = {}
+    for line in lines:
+        if line.startswith("  arm "):
+            name, _, overrides = line.removeprefix("  arm ").partition(":")
+            arms[name.strip()] = overrides.strip()
+    return arms
 
 
 def _weighted_ls(a: Sequence[float], b: Sequence[float]) -> float:

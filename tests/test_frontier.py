@@ -63,7 +63,7 @@ def test_slowdown_budgets_come_from_the_recorded_overrides() -> None:
              "  arm FR k=10: sync.algorithm=ma sync.mode=fixed_rate sync.period=10",
              "  arm S 5%: sync.algorithm=ma sync.max_slowdown=0.2 sync.socket_ifname=veth0:sync",
              "  arm S back to back: sync.algorithm=ma sync.max_slowdown=null"]
-    budgets = fr.slowdown_budgets(lines)
+    budgets = fr.slowdown_budgets(fr.arm_overrides(["python benchmarks/frontier.py", *lines]))
     assert budgets == {"S 5%": 0.2}  # what the arm ran with, whatever its label says
     (goal,) = fr.slowdown_goal(list(arms().values()), budgets)
     assert goal["keep"] == pytest.approx(0.8)
