@@ -1,10 +1,13 @@
 """Spawn a small gloo world on 127.0.0.1 for tests, with a hard timeout.
 
-Each rank runs ``fn(rank, world_size)`` in a fresh ``spawn`` process with the default process group
-already initialized. Results travel back through ``torch.save`` bytes (not shared memory, which
-dies with the sender); exceptions travel back as formatted tracebacks. A rank that hangs, or dies
-without reporting, fails the calling test after ``timeout_s`` instead of hanging it: every child
-still alive then is killed.
+Each rank runs ``fn(rank, world_size)`` in a fresh process with the default process group
+already initialized. The processes fork from a ``forkserver`` that imported the training stack
+once (torch, TorchRec, torchmetrics: seconds of CPU per process, which with ``spawn`` every
+rank of every world paid again); as with ``spawn``, no state of the test process is inherited.
+Results travel back through ``torch.save`` bytes (not shared memory, which dies with the
+sender); exceptions travel back as formatted tracebacks. A rank that hangs, or dies without
+reporting, fails the calling test after ``timeout_s`` instead of hanging it: every child still
+alive then is killed.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 _EXIT_GRACE_S = 10.0
+_PRELOAD = ["shadowsync.pipelines.train"]
 
 
 def free_port() -> int:
@@ -62,7 +66,8 @@ def run_ranks(fn: Callable[[int, int], Any], *, world_size: int = 2, timeout_s: 
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)  # read when the server starts: the first world
     results = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_child, args=(r, world_size, port, pg_timeout_s, fn, results),

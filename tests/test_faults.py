@@ -228,9 +228,11 @@ def _torchx(tmp_path: Path, fault: str, overrides: list[str],
     return status.state, Job(1, log, time.monotonic() - began, end)
 
 
-@pytest.mark.parametrize("launcher", ["torchrun", "torchx"])
-@pytest.mark.parametrize(("kind", "victim"), [("kill", 1), ("kill", 0), ("sigstop", 1),
-                                              ("sigstop", 0)])
+# Pairwise: each launcher, signal and victim meets each value of the other two once (half
+# the jobs of every combination; each job is mostly two ranks' start-up).
+@pytest.mark.parametrize(("launcher", "kind", "victim"), [
+    ("torchrun", "kill", 1), ("torchrun", "sigstop", 0),
+    ("torchx", "kill", 0), ("torchx", "sigstop", 1)])
 def test_a_killed_or_stopped_rank_is_named_by_its_peer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, launcher: str, kind: str, victim: int,
 ) -> None:
