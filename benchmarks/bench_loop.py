@@ -26,6 +26,20 @@ the loop itself, measured within one run. Run on 2 CPU ranks::
     .venv/bin/torchrun --nproc_per_node 2 benchmarks/bench_loop.py --config movielens_1m \\
         --steps 600 --repeats 5
 
+``--interleave B`` runs each pair in one job instead, in blocks of ``B`` steps: while ours
+trains, every ``B`` of its steps the reference (built beside it in the same processes, on its
+own model and batches) takes ``B`` steps, timed apart. Ours' time is its job's training time
+less the reference's blocks. Drift of the machine's speed, which on shared cores moves whole
+runs apart by more than the loops differ, then falls on both sides alike. The blocks come
+right before ours' steps that are multiples of ``B``, so with ``B`` dividing
+``train.log_every`` a record's metrics compute (a background thread) has ``B - 1`` of ours'
+steps to finish before the next block; a block still waits for it, and that wait counts as
+ours (reported). Ours' heartbeat thread stays alive during the blocks; it wakes a few times a
+second and does no collective::
+
+    .venv/bin/torchrun --nproc_per_node 2 benchmarks/bench_loop.py --config movielens_1m \
+        --steps 800 --repeats 5 --interleave 50
+
 ``--profile DIR`` instead runs each loop once under ``torch.profiler`` and prints where the
 time of a step goes, by ``record_function`` label (the trainer's ``## shadowsync ... ##``
 phases and TorchRec's pipeline stages).
@@ -61,6 +75,7 @@ from shadowsync.pipelines.build import (
     init_distributed,
 )
 from shadowsync.pipelines.config import RunConfig, load_config
+from shadowsync.pipelines.trainer import BatchedRecMetricModule
 from shadowsync.sync.wrapper import LocalReplicas
 
 PAIRS = {"ours ddp": "reference ddp", "ours none": "reference local"}
@@ -98,29 +113,43 @@ def pipeline_time() -> Iterator[list[float]]:
         TrainPipelineSparseDist.progress = progress
 
 
-def reference_loop(cfg: RunConfig, env: DistEnv) -> float:
-    """TorchRec's DLRM example loop for ``train.steps`` steps; returns examples/s."""
+def reference(cfg: RunConfig, env: DistEnv) -> tuple[TrainPipelineSparseDist, Iterator[Any]]:
+    """TorchRec's DLRM example set-up: its pipeline, in training mode, and its ``train.steps``
+    batches."""
     dataset = build_dataset(cfg.data.name, **cfg.data.options)
     wrapper = DefaultDataParallelWrapper() if cfg.sync.algorithm == "ddp" else LocalReplicas()
     dmp, _ = build_sharded_model(cfg, dataset.spec, env, wrapper)
     pipeline = TrainPipelineSparseDist(dmp, build_optimizer(cfg, dmp), env.device)
-    steps = cfg.train.steps
-    assert steps is not None
-    batches = itertools.islice(
-        dataset.train_batches(cfg.train.batch_size, env.rank, env.world_size, 0), steps)
+    assert cfg.train.steps is not None
     dmp.train()
-    dist.barrier()
-    began = time.perf_counter()
+    return pipeline, itertools.islice(
+        dataset.train_batches(cfg.train.batch_size, env.rank, env.world_size, 0), cfg.train.steps)
+
+
+def reference_steps(pipeline: TrainPipelineSparseDist, batches: Iterator[Any],
+                    steps: int | None) -> int:
+    """TorchRec's DLRM example loop: up to ``steps`` steps (all batches if None); returns how
+    many it took."""
     done = 0
-    while True:
+    while steps is None or done < steps:
         try:
             pipeline.progress(batches)
         except StopIteration:
             break
         done += 1
+    return done
+
+
+def reference_loop(cfg: RunConfig, env: DistEnv) -> float:
+    """TorchRec's DLRM example loop for ``train.steps`` steps; returns examples/s."""
+    pipeline, batches = reference(cfg, env)
+    dist.barrier()
+    began = time.perf_counter()
+    done = reference_steps(pipeline, batches, None)
     seconds = time.perf_counter() - began
-    if done != steps:
-        raise RuntimeError(f"the reference loop ran {done} steps, not {steps}: too few batches")
+    if done != cfg.train.steps:
+        raise RuntimeError(f"the reference loop ran {done} steps, not {cfg.train.steps}: too "
+                           "few batches")
     return cfg.train.batch_size * env.world_size * done / seconds
 
 
@@ -157,6 +186,73 @@ def run(arm: str, preset: str, steps: int, overrides: list[str], env: DistEnv,
     seconds = steps * cfg.train.batch_size * env.world_size / rate
     return {"examples_per_s": rate, "own_ms_per_step": (seconds - inside[0]) * 1e3 / steps,
             "ms_per_step": seconds * 1e3 / steps}
+
+
+def interleaved(pair: tuple[str, str], preset: str, steps: int, block: int,
+                overrides: list[str], env: DistEnv) -> dict[str, dict[str, float]]:
+    """One job of ours with the reference's blocks between its steps (``--interleave``);
+    per arm of ``pair`` (reference, ours), the figures of :func:`run`, and ours' wait for its
+    metrics compute before blocks (``wait_ms``, counted in ours' time)."""
+    if steps % block:
+        raise ValueError(f"--steps {steps} is not a multiple of --interleave {block}")
+    cfg = _config(preset, pair[0], steps, overrides)
+    ref_pipeline, ref_batches = reference(cfg, env)
+    progress = TrainPipelineSparseDist.progress
+    start_compute = BatchedRecMetricModule.start_compute
+    computing: list[Any] = []
+    calls = [0]
+    spent = {"reference": 0.0, "reference inside": 0.0, "ours inside": 0.0, "wait": 0.0}
+
+    def recorded(self: BatchedRecMetricModule) -> Any:
+        computing[:] = [start_compute(self)]
+        return computing[0]
+
+    def timed(self: TrainPipelineSparseDist, batches: Iterator[Any]) -> Any:
+        if not self._model.training:
+            return progress(self, batches)
+        began = time.perf_counter()
+        if self is ref_pipeline:
+            try:
+                return progress(self, batches)
+            finally:
+                spent["reference inside"] += time.perf_counter() - began
+        calls[0] += 1
+        if calls[0] % block == 0 and calls[0] <= steps:  # before ours' step calls[0]
+            if computing and not computing[0].done():
+                computing[0].exception()  # waits; a failure is raised by ours when it reads
+                spent["wait"] += time.perf_counter() - began
+            began_block = time.perf_counter()
+            if reference_steps(ref_pipeline, ref_batches, block) != block:
+                raise RuntimeError("the reference ran out of batches")
+            spent["reference"] += time.perf_counter() - began_block
+            began = time.perf_counter()
+        try:
+            return progress(self, batches)
+        finally:
+            spent["ours inside"] += time.perf_counter() - began
+
+    TrainPipelineSparseDist.progress = timed
+    BatchedRecMetricModule.start_compute = recorded
+    try:
+        dataset = build_dataset(cfg.data.name, **cfg.data.options)
+        dist.barrier()
+        with contextlib.redirect_stdout(io.StringIO()):
+            summary = train.run(_config(preset, pair[1], steps, overrides), dataset)
+    finally:
+        TrainPipelineSparseDist.progress = progress
+        BatchedRecMetricModule.start_compute = start_compute
+    if summary["step"] != steps:
+        raise RuntimeError(f"our loop ran {summary['step']} steps, not {steps}")
+    examples = steps * cfg.train.batch_size * env.world_size
+    ours_s = summary["train_seconds"] - spent["reference"]
+    return {
+        pair[0]: {"examples_per_s": examples / spent["reference"],
+                  "own_ms_per_step": (spent["reference"] - spent["reference inside"])
+                  * 1e3 / steps, "ms_per_step": spent["reference"] * 1e3 / steps},
+        pair[1]: {"examples_per_s": examples / ours_s,
+                  "own_ms_per_step": (ours_s - spent["ours inside"]) * 1e3 / steps,
+                  "ms_per_step": ours_s * 1e3 / steps, "wait_ms": spent["wait"] * 1e3},
+    }
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -219,6 +315,8 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="also write every run as JSON here (rank 0)")
     parser.add_argument("--profile", type=Path, metavar="DIR",
                         help="profile each loop once instead; traces go to DIR")
+    parser.add_argument("--interleave", type=int, metavar="B",
+                        help="run each pair in one job, in alternating blocks of B steps")
     parser.add_argument("overrides", nargs="*", help="overrides for every arm")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, force=True)
@@ -232,12 +330,19 @@ def main() -> int:
     run(ARMS[1], args.config, 50, args.overrides, env)  # untimed: one-time costs of a process
     rows: list[dict[str, Any]] = []
     for rep in range(args.repeats):
-        for arm in order(rep):
-            row = run(arm, args.config, args.steps, args.overrides, env)
+        if args.interleave:
+            pairs = [(PAIRS[a], a) for a in PAIRS][::-1 if rep % 2 else 1]
+            runs = [arm_row for pair in pairs for arm_row in interleaved(
+                pair, args.config, args.steps, args.interleave, args.overrides, env).items()]
+        else:
+            runs = [(arm, run(arm, args.config, args.steps, args.overrides, env))
+                    for arm in order(rep)]
+        for arm, row in runs:
             rows.append({"arm": arm, "repeat": rep, **row})
             if env.rank == 0:
+                wait = f", waited {row['wait_ms']:.1f} ms" if "wait_ms" in row else ""
                 print(f"repeat {rep} {arm}: {row['examples_per_s']:,.0f} examples/s, own "
-                      f"{row['own_ms_per_step']:.3f} of {row['ms_per_step']:.2f} ms/step",
+                      f"{row['own_ms_per_step']:.3f} of {row['ms_per_step']:.2f} ms/step{wait}",
                       flush=True)
     if env.rank == 0:
         print(f"\n{env.world_size} ranks on {env.device}, config {args.config} "

@@ -4,9 +4,17 @@
 from __future__ import annotations
 
 import importlib.util
+import itertools
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
+
+import pytest
+import torch.distributed as dist
+
+from tests._dist import run_ranks
 
 _DIR = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -76,3 +84,51 @@ def test_arms_rotate_across_seeds_and_repeats(monkeypatch: object) -> None:
     assert firsts == ["arm=none", "arm=ddp", "arm=S"], order
     assert [(r["seed"], r["arm"]) for r in rows][:4] == [(0, "none"), (0, "ddp"), (0, "S"),
                                                         (1, "ddp")]
+
+
+def _interleaved_pair(rank: int, world_size: int) -> dict[str, Any]:
+    from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+
+    from shadowsync.pipelines.build import init_distributed
+    from tests._dist import SMALL
+
+    bench = _load("bench_loop")
+    env = init_distributed(60)
+    # Our job's heartbeat reaches the job's store where torchrun says it is: rank 0's here.
+    store = dist.distributed_c10d._get_default_store()
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    os.environ.update(MASTER_ADDR=store.host, MASTER_PORT=str(store.port))
+    with pytest.raises(ValueError, match="not a multiple of --interleave"):
+        bench.interleaved(("reference local", "ours none"), "synthetic", 25, 10, [], env)
+    order: list[int] = []  # the pipeline of each training-mode progress call
+    progress = TrainPipelineSparseDist.progress
+
+    def spy(self: TrainPipelineSparseDist, batches: Any) -> Any:
+        if self._model.training:
+            order.append(id(self))
+        return progress(self, batches)
+
+    TrainPipelineSparseDist.progress = spy
+    try:
+        by_arm = bench.interleaved(("reference local", "ours none"), "synthetic", 40, 10,
+                                   [*SMALL[2:], "train.log_every=10"], env)
+    finally:
+        TrainPipelineSparseDist.progress = progress
+    runs = [len(list(g)) for _, g in itertools.groupby(order)]
+    return {"arms": by_arm, "runs": runs, "pipelines": len(set(order))}
+
+
+def test_interleaved_pair_times_each_loop_apart() -> None:
+    """``bench_loop --interleave``: the reference takes its blocks of steps right before ours'
+    steps 10, 20, 30 and 40 (ours' last call is the one that finds no batch), and each side is
+    timed apart. Equal work: had the blocks been left in ours' time, ours would read under
+    half the reference's rate (its first steps and records weigh on so short a run)."""
+    for result in run_ranks(_interleaved_pair, timeout_s=180):
+        assert result["pipelines"] == 2
+        assert result["runs"] == [9, 10, 10, 10, 10, 10, 10, 10, 2], result["runs"]
+        ref, ours = result["arms"]["reference local"], result["arms"]["ours none"]
+        assert 0.45 < ours["examples_per_s"] / ref["examples_per_s"] < 2.0, result
+        assert 0 <= ours["own_ms_per_step"] < ours["ms_per_step"], ours
+        assert 0 <= ref["own_ms_per_step"] < ref["ms_per_step"], ref
+        assert ours["wait_ms"] >= 0
