@@ -424,12 +424,12 @@ class FiniteWatch:
     :meth:`observe` queues one fused norm over the gradients and the loss
     (``_foreach_norm``; NaN and inf propagate, and so does a gradient too large to square in
     float32, |g| > 1.8e19, which would turn Adagrad's or Adam's state inf); on a GPU four
-    small ops record the step on the device, on CPU the norms are read at once (fewer ops
-    than recording them, and nothing to wait for). :meth:`poll` returns
-    what is known without waiting: on CPU the current values (there is no device to wait
-    for); on a GPU those of an earlier step, copied to pinned memory asynchronously and read
-    once the copy's event has completed. :meth:`first_steps` reads the current values (a
-    synchronization: only where the loop synchronizes anyway).
+    small ops record the step on the device, on CPU their sum is read at once (fewer ops
+    than recording them, and nothing to wait for) and the norms only when it is not finite.
+    :meth:`poll` returns what is known without waiting: on CPU the current values (there is
+    no device to wait for); on a GPU those of an earlier step, copied to pinned memory
+    asynchronously and read once the copy's event has completed. :meth:`first_steps` reads
+    the current values (a synchronization: only where the loop synchronizes anyway).
     """
 
     KINDS = ("loss", "dense gradients")
@@ -444,6 +444,7 @@ class FiniteWatch:
         self._host = torch.empty(len(self.params) + 1, dtype=torch.long,
                                  pin_memory=self._async)
         self._copied: torch.cuda.Event | None = None
+        self._seen = [0] * len(self.KINDS)  # on CPU: what _first says, kept beside it
 
     @torch.no_grad()
     def observe(self, step: int, loss: torch.Tensor) -> None:
@@ -455,9 +456,14 @@ class FiniteWatch:
             bad = norms.isfinite().logical_not_()
             self._first.masked_fill_(bad.logical_and_(self._first == 0), step)
             return
-        for i, norm in enumerate(norms.tolist()):  # on CPU: nothing to wait for
+        # On CPU nothing to wait for: one sum says whether any norm is not finite (a sum that
+        # overflows only sends it to the exact check), and only then are they looked at.
+        if math.isfinite(float(norms.sum())):
+            return
+        for i, norm in enumerate(norms.tolist()):
             if not math.isfinite(norm) and not self._first[i]:
                 self._first[i] = step
+        self._seen = self._kinds(self._first.tolist())
 
     def _kinds(self, first: list[int]) -> list[int]:
         grads = [s for s in first[:-1] if s > 0]
@@ -467,7 +473,7 @@ class FiniteWatch:
         """Per kind, the first non-finite step known now without waiting (0: none yet), or
         None while a GPU copy is still in flight. Never blocks."""
         if not self._async:
-            return self._kinds(self._first.tolist())
+            return list(self._seen)
         if self._copied is not None and not self._copied.query():
             return None
         seen = self._kinds(self._host.tolist()) if self._copied is not None else None

@@ -3,6 +3,7 @@ checkpoints."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -59,6 +60,13 @@ _RECORD_METRICS = {
     "auc-ctr|window_auc": "auc",
     "calibration-ctr|window_calibration": "calibration",
 }
+
+
+def _phase(name: str) -> contextlib.AbstractContextManager[object]:
+    """``record_function(name)`` while a profiler records, else nothing: entering a label
+    dispatches an op even when no profiler is on, and this loop enters several a step, a
+    measurable share of a small CPU step (``benchmarks/bench_loop.py``)."""
+    return record_function(name) if torch.autograd._profiler_enabled() else contextlib.nullcontext()
 
 
 class BatchedRecMetricModule(RecMetricModule):
@@ -587,7 +595,7 @@ class Trainer:
                     loss, logits, labels = self.pipeline.progress(segment)
                 except StopIteration:
                     break
-                with record_function("shadowsync.train.watch"):
+                with _phase("shadowsync.train.watch"):
                     self.watch.observe(self.step + 1, loss)
                     seen = self.watch.poll()
                 if seen is not None and seen[0]:  # this rank's loss: fail now (peers learn it
@@ -596,17 +604,17 @@ class Trainer:
                     raise faults.NonFiniteValue(
                         f"{self.watch.local_message(self.env.rank, self.env.world_size, seen)}"
                         "; found on this rank at once")
-                with record_function("shadowsync.train.after_step"):
+                with _phase("shadowsync.train.after_step"):
                     self.wrapper.after_step()
                 self.position.advance()
                 steps_timed += 1
-                with record_function("shadowsync.train.metrics"):
+                with _phase("shadowsync.train.metrics"):
                     self.metrics.add(logits, labels)
                     loss_sum += loss.detach()
                 loss_n += 1
                 bar.update(1)
                 if self.step % cfg.train.log_every == 0:
-                    with record_function("shadowsync.train.log"):
+                    with _phase("shadowsync.train.log"):
                         self._check_finite(f"before the log of step {self.step}")
                         self._start_train_record(float(loss_sum) / loss_n)
                     loss_sum.zero_()
@@ -619,7 +627,7 @@ class Trainer:
                 # Agree before anything that pauses the synchronizer, so no rank pauses a
                 # runner that another rank has given up on.
                 if ckpt_due or self.step % cfg.train.control_every_steps == 0:
-                    with record_function("shadowsync.train.control"):
+                    with _phase("shadowsync.train.control"):
                         preempted = self._agree_to_stop(now=ckpt_due)
                     if preempted:
                         break
