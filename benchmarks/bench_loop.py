@@ -37,7 +37,7 @@ steps to finish before the next block; a block still waits for it, and that wait
 ours (reported). Ours' heartbeat thread stays alive during the blocks; it wakes a few times a
 second and does no collective::
 
-    .venv/bin/torchrun --nproc_per_node 2 benchmarks/bench_loop.py --config movielens_1m \
+    .venv/bin/torchrun --nproc_per_node 2 benchmarks/bench_loop.py --config movielens_1m \\
         --steps 800 --repeats 5 --interleave 50
 
 ``--profile DIR`` instead runs each loop once under ``torch.profiler`` and prints where the
