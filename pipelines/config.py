@@ -107,6 +107,11 @@ class TrainConfig:
     Every rank beats every ``heartbeat_s`` in the job's store; a peer process silent for
     ``heartbeat_timeout_s`` (killed, stopped, hung) ends the job naming it, however long
     ``pg_timeout_s`` is (see :class:`~shadowsync.pipelines.faults.Heartbeat`).
+
+    Python's automatic garbage collector is off while training: every ``gc_every_steps``
+    steps every rank collects the young generations at the same step, so that no rank's
+    collection pauses its peers at a random step (None keeps Python's own collector; see
+    :class:`~shadowsync.pipelines.collector.StepCollector`).
     """
 
     batch_size: int = 512
@@ -118,6 +123,7 @@ class TrainConfig:
     control_every_steps: int = 10
     heartbeat_s: float = 1.0
     heartbeat_timeout_s: float = 30.0
+    gc_every_steps: int | None = 50
 
 
 @dataclass
@@ -177,6 +183,7 @@ class RunConfig:
             "eval.max_batches": self.eval.max_batches,
             "sharding.min_partition": self.sharding.min_partition,
             "checkpoint.every_steps": self.checkpoint.every_steps,
+            "train.gc_every_steps": self.train.gc_every_steps,
             "checkpoint.keep": self.checkpoint.keep,
             "logging.window_examples": self.logging.window_examples,
         }

@@ -39,6 +39,7 @@ from shadowsync.pipelines.build import (
     build_optimizer,
     build_sharded_model,
 )
+from shadowsync.pipelines.collector import StepCollector
 from shadowsync.pipelines.config import RunConfig, dump_config
 from shadowsync.pipelines.console import ConsoleLog, planned_steps
 from shadowsync.pipelines.metrics import gather_metrics
@@ -236,6 +237,7 @@ class Trainer:
         self.console = ConsoleLog(planned_steps(cfg.train.steps, cfg.train.epochs, dataset,
                                                 cfg.train.batch_size, env.world_size))
         self.position = DataPosition()
+        self.collector = StepCollector(cfg.train.gc_every_steps)
         self.last_saved = -1
         self.last_eval = 0  # the step of the last evaluation
         self._last_record = (time.perf_counter(), 0)  # when, and after which step
@@ -548,6 +550,7 @@ class Trainer:
         if every and self.step % every == 0 and self.last_eval < self.step:
             metrics = self.evaluate()
             self._log({"step": self.step, **{f"eval_{k}": v for k, v in metrics.items()}})
+            self.collector.collect_all()
 
     def train(self) -> dict[str, Any]:
         """Trains to ``train.steps`` (or the epochs' end) or until preempted; every rank.
@@ -560,7 +563,8 @@ class Trainer:
         learned of it left).
         """
         try:
-            return self._train()
+            with self.collector:
+                return self._train()
         except faults.NonFiniteValue:
             raise
         except Exception as e:
@@ -612,6 +616,8 @@ class Trainer:
                     self.metrics.add(logits, labels)
                     loss_sum += loss.detach()
                 loss_n += 1
+                with _phase("shadowsync.train.gc"):
+                    self.collector.after_step(self.step)
                 bar.update(1)
                 if self.step % cfg.train.log_every == 0:
                     with _phase("shadowsync.train.log"):

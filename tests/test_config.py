@@ -31,6 +31,7 @@ def test_overrides_are_typed_and_applied() -> None:
     ("train.bach_size=4", "unknown setting train.bach_size"),
     ("trainer.steps=4", "unknown setting trainer"),
     ("train.batch_size=0", "train.batch_size must be positive"),
+    ("train.gc_every_steps=0", "train.gc_every_steps must be positive"),
     ("sync.alpha=1.5", r"sync.alpha must be in \(0, 1\]"),
     ("sync.thread_nice=20", r"sync.thread_nice must be in \[0, 19\]"),
     ("sync.max_staleness=0", "sync.max_staleness must be >= 1, got 0"),

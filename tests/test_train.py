@@ -13,6 +13,7 @@ from shadowsync.pipelines.config import load_config
 from shadowsync.pipelines.train import Trainer, init_distributed, plan_ranks
 from shadowsync.sync.wrapper import dense_parameters
 from tests._dist import run_ranks
+from tests._gc import collections
 
 # Small and quick, with the planted signal intact: 26 tables of 2,000 rows, one epoch of
 # STEPS steps of 256 examples per rank.
@@ -39,9 +40,11 @@ def _train(rank: int, world_size: int, runs: list[list[str]],
         cfg = load_config(preset, common + overrides)
         dataset = build_dataset(cfg.data.name, **cfg.data.options)
         trainer = Trainer(cfg, env, dataset)
-        summary = trainer.train()
+        with collections() as collected:
+            summary = trainer.train()
         dense = torch.cat([p.detach().flatten() for p in dense_parameters(trainer.dmp).values()])
-        out.append({"summary": summary, "dense": dense, "plan": plan_ranks(trainer.plan)})
+        out.append({"summary": summary, "dense": dense, "plan": plan_ranks(trainer.plan),
+                    "collected": collected})
     return out
 
 
@@ -122,6 +125,13 @@ def test_none_replicas_drift_and_ddp_replicas_stay_equal(
 ) -> None:
     assert _spread(baselines, 0) > 1e-2  # none: each rank trained on its own data
     assert _spread(baselines, 1) == 0.0  # ddp: allreduced gradients, identical steps
+
+
+def test_garbage_is_collected_at_the_same_steps_on_every_rank(baselines: Runs) -> None:
+    # train.gc_every_steps is 50: everything at the start, the young generations after steps
+    # 50, 100 and 150 of 160, and no automatic collection (-1) on any rank
+    for run in range(len(BASELINES)):
+        assert [rank[run]["collected"] for rank in baselines] == [[2, 1, 1, 1]] * 2
 
 
 def test_cpu_sharding_types_train(trained: dict[str, Runs]) -> None:
