@@ -38,7 +38,12 @@ ours (reported). Ours' heartbeat thread stays alive during the blocks; it wakes 
 second and does no collective::
 
     .venv/bin/torchrun --nproc_per_node 2 benchmarks/bench_loop.py --config movielens_1m \\
-        --steps 800 --repeats 5 --interleave 50
+        --steps 800 --repeats 5 --interleave 50 --aa
+
+``--aa`` (with ``--interleave``) adds A/A pairs: a second TorchRec loop, built after the
+reference, in ours' place. Its ratio to the reference is what the measurement reads between
+identical loops (each repeat builds both models afresh), so its spread is the floor under
+any ratio of ours.
 
 ``--profile DIR`` instead runs each loop once under ``torch.profiler`` and prints where the
 time of a step goes, by ``record_function`` label (the trainer's ``## shadowsync ... ##``
@@ -80,6 +85,8 @@ from shadowsync.sync.wrapper import LocalReplicas
 
 PAIRS = {"ours ddp": "reference ddp", "ours none": "reference local"}
 ARMS = ["reference ddp", "ours ddp", "reference local", "ours none"]
+# --aa: TorchRec's loop in ours' place, against a reference built before it (A/A)
+AA = {"A/A ddp": "A/A reference ddp", "A/A local": "A/A reference local"}
 
 
 def _config(preset: str, arm: str, steps: int, overrides: list[str]) -> RunConfig:
@@ -233,18 +240,22 @@ def interleaved(pair: tuple[str, str], preset: str, steps: int, block: int,
 
     TrainPipelineSparseDist.progress = timed
     BatchedRecMetricModule.start_compute = recorded
+    examples = steps * cfg.train.batch_size * env.world_size
     try:
-        dataset = build_dataset(cfg.data.name, **cfg.data.options)
-        dist.barrier()
-        with contextlib.redirect_stdout(io.StringIO()):
-            summary = train.run(_config(preset, pair[1], steps, overrides), dataset)
+        if pair[1] in AA:  # a second TorchRec loop in ours' place
+            seconds = examples / reference_loop(_config(preset, pair[1], steps, overrides), env)
+        else:
+            dataset = build_dataset(cfg.data.name, **cfg.data.options)
+            dist.barrier()
+            with contextlib.redirect_stdout(io.StringIO()):
+                summary = train.run(_config(preset, pair[1], steps, overrides), dataset)
+            if summary["step"] != steps:
+                raise RuntimeError(f"our loop ran {summary['step']} steps, not {steps}")
+            seconds = summary["train_seconds"]
     finally:
         TrainPipelineSparseDist.progress = progress
         BatchedRecMetricModule.start_compute = start_compute
-    if summary["step"] != steps:
-        raise RuntimeError(f"our loop ran {summary['step']} steps, not {steps}")
-    examples = steps * cfg.train.batch_size * env.world_size
-    ours_s = summary["train_seconds"] - spent["reference"]
+    ours_s = seconds - spent["reference"]
     return {
         pair[0]: {"examples_per_s": examples / spent["reference"],
                   "own_ms_per_step": (spent["reference"] - spent["reference inside"])
@@ -266,10 +277,11 @@ def table(rows: list[dict[str, Any]]) -> str:
     repeats = sorted({r["repeat"] for r in rows})
     lines = ["| arm | examples/s | ratio to its reference, median [min, max] | own ms/step, "
              "median [min, max] | own share of the step |", "|---|---:|---:|---:|---:|"]
-    for arm in ARMS:
+    pairs = {**PAIRS, **AA}
+    for arm in [*ARMS, *(a for a in AA if (a, repeats[0]) in by)]:
         mine = [by[arm, r] for r in repeats]
-        ratio = (spread([by[arm, r]["examples_per_s"] / by[PAIRS[arm], r]["examples_per_s"]
-                         for r in repeats], 3) if arm in PAIRS else "-")
+        ratio = (spread([by[arm, r]["examples_per_s"] / by[pairs[arm], r]["examples_per_s"]
+                         for r in repeats], 3) if arm in pairs else "-")
         share = statistics.median(m["own_ms_per_step"] / m["ms_per_step"] for m in mine)
         lines.append(f"| {arm} | {statistics.median(m['examples_per_s'] for m in mine):,.0f} | "
                      f"{ratio} | {spread([m['own_ms_per_step'] for m in mine], 3)} | "
@@ -317,8 +329,13 @@ def main() -> int:
                         help="profile each loop once instead; traces go to DIR")
     parser.add_argument("--interleave", type=int, metavar="B",
                         help="run each pair in one job, in alternating blocks of B steps")
+    parser.add_argument("--aa", action="store_true",
+                        help="with --interleave, also run TorchRec's loop in ours' place "
+                             "(A/A): the spread of a ratio between identical loops")
     parser.add_argument("overrides", nargs="*", help="overrides for every arm")
     args = parser.parse_args()
+    if args.aa and not args.interleave:
+        parser.error("--aa needs --interleave")
     logging.basicConfig(level=logging.WARNING, force=True)
     env = init_distributed(300.0)
     if args.profile:
@@ -331,7 +348,8 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     for rep in range(args.repeats):
         if args.interleave:
-            pairs = [(PAIRS[a], a) for a in PAIRS][::-1 if rep % 2 else 1]
+            pairs = [(p[a], a) for p in (PAIRS, AA if args.aa else {}) for a in p]
+            pairs = pairs[::-1 if rep % 2 else 1]
             runs = [arm_row for pair in pairs for arm_row in interleaved(
                 pair, args.config, args.steps, args.interleave, args.overrides, env).items()]
         else:
