@@ -2,9 +2,9 @@
 
 Python collects cyclic garbage whenever allocations cross a threshold: at its own moment on
 each rank, and now and then with a full collection that walks every tracked object (a
-TorchRec model, its plan and its data set are many; on the MovieLens preset such a pause was
-measured at over 100 ms against steps of 15-20 ms). While one rank collects, its peers wait
-for it in the next all-to-all, so every rank pays every rank's pauses, at random steps. As
+TorchRec model, its plan and its data set are many: such a pause can last several training
+steps). While one rank collects, its peers wait for it in the next all-to-all, so every rank
+pays every rank's pauses, at random steps. As
 torchtitan's ``GarbageCollection`` does ("used to avoid stragglers in garbage collection";
 torchtitan is not a dependency, so this is written here), automatic collection is off while
 training and the young generations are collected every ``every_steps`` steps, at the same
@@ -38,7 +38,7 @@ class StepCollector:
         if every_steps is not None and every_steps <= 0:
             raise ValueError(f"every_steps must be positive or None, got {every_steps}")
         self.every_steps = every_steps
-        self._was_enabled = gc.isenabled()
+        self._was_enabled = True  # what __enter__ found, restored on exit
 
     def __enter__(self) -> StepCollector:
         if self.every_steps is not None:
