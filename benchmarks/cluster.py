@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -487,6 +488,7 @@ class Cluster:
         timeout_s: float | None = None,
         on_line: LineSink | None = None,
         grace_s: float = 5.0,
+        pin_cpus: bool = False,
     ) -> int:
         """Runs one job across all hosts: ``torchrun`` with one node per host; returns the
         worst exit code (signals as ``128 + n``; 124 on timeout).
@@ -511,6 +513,11 @@ class Cluster:
             on_line: called as ``on_line(host, line)`` for each output line (stdout and stderr
                 merged); default prints ``[h<host>] line``.
             grace_s: seconds between SIGTERM and SIGKILL when stopping hosts.
+            pin_cpus: run host ``i`` (its torchrun, workers and their threads) on CPU
+                ``i mod n`` of the ``n`` this process may use, as a real host has CPUs of its
+                own: unpinned, the kernel moves one host's synchronizer thread onto the CPU
+                another host's trainer needs, a cost no real cluster has. With more hosts
+                than CPUs, hosts share CPUs round robin.
         """
         if not self._is_up:
             raise ClusterError(f"cluster {self.name!r} is not up: use up() or a with block")
@@ -521,6 +528,7 @@ class Cluster:
         port = self._free_port()
         penv = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": HOST_IF,
                 "NCCL_SOCKET_IFNAME": HOST_IF, "PYTHONUNBUFFERED": "1", **(env or {})}
+        cpus = sorted(os.sched_getaffinity(0))
         procs: list[subprocess.Popen[bytes]] = []
         readers: list[threading.Thread] = []
         stopped: set[int] = set()
@@ -530,7 +538,10 @@ class Cluster:
                 proc = subprocess.Popen(
                     self.torchrun_argv(i, port, argv), cwd=ROOT, env=penv,
                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                    start_new_session=True)  # its own group: our Ctrl-C is ours to forward
+                    start_new_session=True,  # its own group: our Ctrl-C is ours to forward
+                    preexec_fn=(functools.partial(os.sched_setaffinity, 0,
+                                                  {cpus[i % len(cpus)]})
+                                if pin_cpus else None))
                 procs.append(proc)
                 reader = threading.Thread(target=_pump, args=(proc, i, sink), daemon=True)
                 reader.start()
@@ -779,6 +790,8 @@ def build_parser() -> argparse.ArgumentParser:
                        usage="%(prog)s [options] -- CMD...")
     _cluster_args(p)
     p.add_argument("--timeout", type=float, default=None, help="stop every host after S seconds")
+    p.add_argument("--pin-cpus", action="store_true",
+                   help="run host i on CPU i mod n, as real hosts have CPUs of their own")
     p = sub.add_parser("probe", help="build, time gloo allreduces across the hosts, remove")
     _cluster_args(p)
     p.add_argument("--sizes", type=float, nargs="+", default=[1.0, 8.0, 32.0],
@@ -832,7 +845,7 @@ def main(argv: list[str] | None = None) -> int:
         with cluster:
             print(f"# {cluster.describe()}", file=sys.stderr, flush=True)
             if args.cmd == "run":
-                return cluster.launch(command, timeout_s=args.timeout)
+                return cluster.launch(command, timeout_s=args.timeout, pin_cpus=args.pin_cpus)
             results = cluster.probe(args.sizes, args.repeats, contend_mb=args.contend_mb)
         for r in results:
             if args.json:

@@ -142,7 +142,8 @@ def run_job(out: Path, hosts: int, link: str, args: argparse.Namespace, command:
     began = time.perf_counter()
     with log, Cluster(hosts=hosts, rate=link, name=f"frontier{hosts}",
                       sync_class=args.sync_class) as cluster:
-        rc = cluster.launch(argv, on_line=on_line, timeout_s=args.job_timeout_s)
+        rc = cluster.launch(argv, on_line=on_line, timeout_s=args.job_timeout_s,
+                            pin_cpus=args.pin_cpus)
     print(f"{name}: exit {rc} after {time.perf_counter() - began:.0f} s", flush=True)
     return rc
 
@@ -409,6 +410,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="skip (hosts, link) jobs whose raw JSON exists")
     parser.add_argument("--report-only", action="store_true")
     parser.add_argument("--tag", default="", help="suffix of this sweep's job names")
+    parser.add_argument("--pin-cpus", action="store_true",
+                        help="run host i on CPU i mod n (see Cluster.launch)")
     parser.add_argument("--sync-class", choices=("same", "low"), default="low",
                         help="low (default): the FR and shadow arms' sync traffic in a low "
                              "traffic class on every link (cluster.py --sync-class); same: one "

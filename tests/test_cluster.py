@@ -187,6 +187,25 @@ def test_low_sync_class_keeps_training_traffic_ahead_of_sync_rounds(root_ns: Non
 
 
 @pytest.mark.timeout(60)
+def test_pinned_hosts_run_on_cpus_of_their_own(root_ns: None) -> None:
+    lines: list[tuple[int, str]] = []
+    show = ["--no-python", sys.executable, "-c",
+            "import os, threading; t = threading.Thread(target=lambda: print("
+            "'cpus', sorted(os.sched_getaffinity(0)))); t.start(); t.join()"]
+    with cl.Cluster(hosts=3, name=NAME) as c:
+        assert c.launch(show, on_line=lambda h, line: lines.append((h, line)),
+                        timeout_s=40, pin_cpus=True) == 0
+        assert c.launch(show, on_line=lambda h, line: lines.append((h + 3, line)),
+                        timeout_s=40) == 0
+    seen = {h: line for h, line in lines if line.startswith("cpus")}
+    cpus = sorted(os.sched_getaffinity(0))
+    # pinned: a worker's threads too, round robin when hosts outnumber CPUs; unpinned: all
+    assert seen == {**{h: f"cpus {[cpus[h % len(cpus)]]}" for h in range(3)},
+                    **{h: f"cpus {cpus}" for h in range(3, 6)}}, lines
+    assert _ours() == []
+
+
+@pytest.mark.timeout(60)
 def test_failing_host_stops_the_others_and_removes_the_cluster(root_ns: None) -> None:
     t0 = time.monotonic()
     proc = subprocess.run(_cli("run", "--name", NAME, "--hosts", "2", "--", *FAIL_ON_H1),
