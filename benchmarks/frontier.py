@@ -86,12 +86,16 @@ def chunk_override(link: str, chunk_ms: float) -> str:
 WIRE_TAGS = {"float32": "", "bfloat16": " bf16", "float16": " fp16"}
 
 
+AA_ARM = "none A/A"  # a second none arm (--aa): what two identical arms read apart
+
+
 def default_arms(algorithm: str, periods: Sequence[int], shadow: Sequence[str],
                  wires: Sequence[str] = ("float32",), shadow_common: str = "",
-                 sync_common: str = "") -> list[str]:
+                 sync_common: str = "", aa: bool = False) -> list[str]:
     """``bench_sync --arm`` specs: none, ddp, then for each wire dtype FR-k for each period and
     a shadow arm for each ``"label: overrides"`` in ``shadow`` (FR and shadow of one wire
-    dtype send the same bytes a round); ``sync_common`` goes to every FR and shadow arm."""
+    dtype send the same bytes a round); ``sync_common`` goes to every FR and shadow arm.
+    ``aa`` adds :data:`AA_ARM` last, so that the rotation puts it elsewhere than ``none``."""
     arms = ["none: sync.algorithm=none", "ddp: sync.algorithm=ddp"]
     for wire in wires:
         tag, opt = WIRE_TAGS[wire], f" sync.wire_dtype={wire}" + (f" {sync_common}"
@@ -102,7 +106,7 @@ def default_arms(algorithm: str, periods: Sequence[int], shadow: Sequence[str],
             label, _, overrides = spec.partition(":")
             arms.append(f"S {label.strip()}{tag}: sync.algorithm={algorithm} sync.mode=shadow "
                         f"{overrides.strip()} {shadow_common}{opt}")
-    return arms
+    return arms + ([f"{AA_ARM}: sync.algorithm=none"] if aa else [])
 
 
 def wire_tag(arm: str) -> str:
@@ -127,7 +131,8 @@ def run_job(out: Path, hosts: int, link: str, args: argparse.Namespace, command:
             *[f"--arm={a}" for a in default_arms(
                 args.algorithm, args.periods, args.shadow, args.wires,
                 f"{chunk_override(link, args.chunk_ms)} {args.shadow_common}".strip(),
-                f"sync.socket_ifname={SYNC_IF}" if args.sync_class == "low" else "")],
+                f"sync.socket_ifname={SYNC_IF}" if args.sync_class == "low" else "",
+                aa=args.aa)],
             *args.overrides]
     arms = [a.removeprefix("--arm=") for a in argv if a.startswith("--arm=")]
     (out / "raw" / f"{name}.cmd").write_text(command + "\n" + "".join(f"  arm {a}\n"
@@ -344,6 +349,17 @@ def plot(link: str, jobs: dict[int, list[dict[str, Any]]], path: Path) -> None:
     plt.close(fig)
 
 
+def aa_line(arms: list[dict[str, Any]]) -> str:
+    """What the job's A/A arm read against ``none`` (a paragraph), or '' without one."""
+    aa = next((a for a in arms if a["arm"] == AA_ARM), None)
+    if aa is None:
+        return ""
+    r = aa["ratio"]
+    return (f"A/A: a second `none` arm read {r['median']:.3f} [{r['min']:.3f}, {r['max']:.3f}] "
+            "of the first, repeat by repeat: two identical arms differ by this much in this "
+            "job.\n\n")
+
+
 def report(out: Path, links: Sequence[str]) -> str:
     """``report.md`` and one plot per link from every raw file under ``out``."""
     sections = []
@@ -366,7 +382,8 @@ def report(out: Path, links: Sequence[str]) -> str:
             goal = slowdown_goal(arms, slowdown_budgets(recorded) if recorded else None)
             sections.append(f"### {hosts} hosts, links {link}\n\n"
                             f"Command: `{command}`\n\n{table(arms)}\n\n"
-                            f"{dominance_table(dominance(arms))}\n\n"
+                            + aa_line(arms)
+                            + f"{dominance_table(dominance(arms))}\n\n"
                             + (f"{slowdown_table(goal)}\n\n" if goal else "")
                             + (f"<details><summary>arms</summary>\n\n{arm_list}\n</details>\n"
                                if arm_list else ""))
@@ -412,6 +429,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tag", default="", help="suffix of this sweep's job names")
     parser.add_argument("--pin-cpus", action="store_true",
                         help="run host i on CPU i mod n (see Cluster.launch)")
+    parser.add_argument("--aa", action="store_true",
+                        help=f"add a second none arm ({AA_ARM!r}): the spread between "
+                             "identical arms")
     parser.add_argument("--sync-class", choices=("same", "low"), default="low",
                         help="low (default): the FR and shadow arms' sync traffic in a low "
                              "traffic class on every link (cluster.py --sync-class); same: one "

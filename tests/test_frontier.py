@@ -142,3 +142,17 @@ def test_chunks_are_sized_by_link_time() -> None:
     assert fr.chunk_override("1gbit", 2.5) == "sync.chunk_mb=0.298"
     assert fr.chunk_override("unlimited", 2.5) == ""
     assert fr.chunk_override("1gbit", 0) == ""
+
+
+def test_an_aa_arm_is_reported_as_the_spread_between_identical_arms() -> None:
+    arms_aa = fr.default_arms("ma", [5], ["b2b: sync.max_slowdown=null"], aa=True)
+    assert arms_aa[-1] == f"{fr.AA_ARM}: sync.algorithm=none"
+    assert fr.AA_ARM not in "".join(fr.default_arms("ma", [5], ["b2b: sync.max_slowdown=null"]))
+    again = [run(fr.AA_ARM, r, e) for r, e in enumerate([1030, 760, 1250])]
+    summary = fr.summarize([*ROWS, *again], world_size=2)
+    assert fr.aa_line(summary).startswith(
+        "A/A: a second `none` arm read 1.000 [0.950, 1.030] of the first")
+    assert fr.aa_line(list(arms().values())) == ""
+    # it is neither an FR point nor a shadow arm
+    assert all(fr.AA_ARM not in (d["fr"], *d["strict"], *d["median"])
+               for d in fr.dominance(summary))
