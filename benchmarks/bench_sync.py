@@ -14,27 +14,46 @@ pass of every arm, and NE/AUC are reported as mean and spread over seeds. Run on
 Prints a Markdown table on rank 0: examples/s and its ratio to ``none``, mean and max sync
 gap (training steps between applied syncs), syncs applied, seconds in communication, and the
 final eval AUC, NE and calibration (after each arm's final sync, over the whole eval split).
+
+``--interleave B`` runs the arms in turns of ``B`` steps on one model instead (see
+:class:`RotatingReplicas`): each turn is one row, its ``repeat`` the cycle of turns it belongs
+to, its ratio to ``none``'s turn of the same cycle. Separate runs each build a model and a data
+stream, and on shared cores two identical runs can read far apart; turns on one model in one
+process put the machine's drift on every arm alike. Only arms of a ShadowSync strategy and
+``none`` can take turns (DDP is built into the model), and there is no per-arm evaluation
+(one model)::
+
+    .venv/bin/torchrun --nproc_per_node 2 benchmarks/bench_sync.py --config synthetic \
+        --interleave 100 --repeats 8 --arm "none: sync.algorithm=none" \
+        --arm "FR k=10: sync.algorithm=ma sync.mode=fixed_rate sync.period=10" \
+        --arm "S: sync.algorithm=ma sync.mode=shadow"
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import math
 import os
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.types import ShardingEnv
 
 from shadowsync.datasets import build_dataset
 from shadowsync.pipelines.build import DistEnv, init_distributed
 from shadowsync.pipelines.config import load_config
 from shadowsync.pipelines.trainer import Trainer
+from shadowsync.sync.config import ALGORITHMS, SyncConfig
+from shadowsync.sync.wrapper import LocalReplicas, ShadowSyncReplicas
 
 DEFAULT_ARMS = [
     "none: sync.algorithm=none",
@@ -78,6 +97,207 @@ def run_arm(env: DistEnv, preset: str, overrides: list[str]) -> dict[str, Any]:
         dist.all_reduce(sent)
         summary["wire_bytes"] = float(sent.item())
     return summary
+
+
+@dataclasses.dataclass
+class Turn:
+    """One arm's turn of :attr:`RotatingReplicas.block` steps, as this rank saw it."""
+
+    arm: str
+    cycle: int
+    seconds: float = 0.0
+    syncs_applied: int = 0
+    bytes_reduced: int = 0
+    tx_bytes: int = 0
+
+
+class RotatingReplicas(LocalReplicas):
+    """Every arm's synchronizer on one model, taking turns of ``block`` steps.
+
+    Each arm with a synchronizer (a :class:`~shadowsync.sync.config.SyncConfig`; ``None`` for
+    no synchronization) gets a :class:`~shadowsync.sync.wrapper.ShadowSyncReplicas` of its
+    own (its own runner, process group and pacer state) on the same dense parameters, paused
+    as soon as it is wrapped. A turn resumes it, runs ``block`` steps and pauses it without
+    consensus (the runner's stop round); cycle ``c`` runs the arms in their order rotated by
+    ``c``, so every arm follows every other.
+
+    A turn is timed from the ``after_step`` that begins it to the one that ends it: exactly
+    ``block`` steps with all the training loop's own work, the switch itself outside. A turn's
+    syncs are those applied within it; a round still in flight at its end was paid for in the
+    turn and counts nowhere (against the arm). A fixed-rate arm's ``period`` must divide
+    ``block``, so every turn holds the same rounds.
+
+    Example::
+
+        wrapper = RotatingReplicas({"none": None, "FR k=10": fr_cfg, "S": shadow_cfg}, 100)
+        trainer = Trainer(cfg, env, dataset, wrapper=wrapper)
+        trainer.train()
+        wrapper.turns  # one Turn per arm and cycle, in the order they ran
+    """
+
+    def __init__(self, arms: dict[str, SyncConfig | None], block: int) -> None:
+        super().__init__()
+        if not arms:
+            raise ValueError("RotatingReplicas needs at least one arm")
+        if block < 1:
+            raise ValueError(f"block must be >= 1 step, got {block}")
+        for name, cfg in arms.items():
+            if cfg is None:
+                continue
+            if not ALGORITHMS.get(cfg.algorithm).strategy:
+                raise ValueError(f"arm {name!r}: sync.algorithm={cfg.algorithm} is not a "
+                                 "ShadowSync strategy, so it cannot take turns on one model")
+            if cfg.mode == "fixed_rate" and block % cfg.period:
+                raise ValueError(f"arm {name!r}: sync.period={cfg.period} does not divide the "
+                                 f"turn of {block} steps")
+            if cfg.on_failure != "raise":
+                raise ValueError(f"arm {name!r}: taking turns needs sync.on_failure=raise")
+        self.arms = arms
+        self.block = block
+        self.children: dict[str, ShadowSyncReplicas] = {}
+        self.turns: list[Turn] = []
+        self._steps = 0
+        self._active: ShadowSyncReplicas | None = None
+        self._began = 0.0
+
+    def order(self, cycle: int) -> list[str]:
+        """The arms in the order cycle ``cycle`` runs them."""
+        names = list(self.arms)
+        shift = cycle % len(names)
+        return names[shift:] + names[:shift]
+
+    def wrap(self, dmp: DistributedModelParallel, env: ShardingEnv,
+             device: torch.device) -> None:
+        super().wrap(dmp, env, device)
+        for name, cfg in self.arms.items():
+            if cfg is not None:
+                child = ShadowSyncReplicas.from_config(cfg)
+                child.failure_hook = self.failure_hook
+                child.wrap(dmp, env, device)
+                child.pause(consensus=False)
+                self.children[name] = child
+        self._begin(0)
+
+    def _counters(self, child: ShadowSyncReplicas | None) -> tuple[int, int, int]:
+        if child is None:
+            return 0, 0, _tx_bytes() or 0
+        assert child.runner is not None  # wrapped
+        s = child.runner.stats()
+        return s.syncs_applied, s.bytes_reduced, _tx_bytes() or 0
+
+    def _begin(self, turn: int) -> None:
+        cycle, at = divmod(turn, len(self.arms))
+        name = self.order(cycle)[at]
+        self._active = self.children.get(name)
+        applied, reduced, tx = self._counters(self._active)
+        self.turns.append(Turn(name, cycle, -time.perf_counter(), -applied, -reduced, -tx))
+        if self._active is not None:
+            self._active.resume()
+        self.turns[-1].seconds = -time.perf_counter()
+
+    def _end(self) -> None:
+        ended = time.perf_counter()
+        turn = self.turns[-1]
+        applied, reduced, tx = self._counters(self._active)
+        turn.seconds += ended
+        turn.syncs_applied += applied
+        turn.bytes_reduced += reduced
+        turn.tx_bytes += tx
+        if self._active is not None:
+            self._active.pause(consensus=False)
+
+    def after_step(self) -> None:
+        if self._active is not None:
+            self._active.after_step()
+        self._steps += 1
+        if self._steps % self.block == 0:
+            self._end()
+            self._begin(self._steps // self.block)
+
+    def pause(self, consensus: bool) -> None:
+        if self._active is not None:
+            self._active.pause(consensus)
+
+    def resume(self) -> None:
+        if self._active is not None:
+            self._active.resume()
+
+    def finish(self) -> None:
+        """Ends every arm's runner, the one whose turn it is with its final consensus, and
+        drops the turn begun after the last step (it holds no step)."""
+        if self._active is not None:
+            self._active.finish()
+        for child in self.children.values():
+            child.finish()
+        if self.turns and self._steps % self.block == 0:
+            self.turns.pop()
+
+    def close(self) -> None:
+        for child in self.children.values():
+            child.close()
+
+    def sync_failure(self) -> BaseException | None:
+        return next((e for c in self.children.values() if (e := c.sync_failure()) is not None),
+                    None)
+
+
+def run_interleaved(
+    env: DistEnv,
+    preset: str,
+    common: list[str],
+    arms: list[tuple[str, list[str]]],
+    seeds: list[int],
+    cycles: int,
+    block: int,
+) -> list[dict[str, Any]]:
+    """For each seed, one training run in which the arms take turns of ``block`` steps
+    (:class:`RotatingReplicas`) for ``cycles + 1`` cycles; the first cycle is a warm-up and
+    left out. One row per timed turn, with the timed seconds the slowest rank's and the bytes
+    on the wire summed over hosts; collective."""
+    syncs: dict[str, SyncConfig | None] = {}
+    for name, overrides in arms:
+        sync = load_config(preset, [*common, *overrides]).sync
+        if sync.algorithm != "none" and not ALGORITHMS.get(sync.algorithm).strategy:
+            raise SystemExit(f"arm {name!r}: sync.algorithm={sync.algorithm} cannot take turns "
+                             "(only ShadowSync strategies and none)")
+        syncs[name] = None if sync.algorithm == "none" else sync
+    steps = (cycles + 1) * len(arms) * block
+    rows = []
+    for seed in seeds:
+        cfg = load_config(preset, [*common, f"train.seed={seed}", "sync.algorithm=none",
+                                   f"train.steps={steps}", f"train.log_every={steps + 1}"])
+        wrapper = RotatingReplicas(syncs, block)
+        with Trainer(cfg, env, build_dataset(cfg.data.name, **cfg.data.options),
+                     wrapper=wrapper) as trainer:
+            summary = trainer.train()
+        turns = wrapper.turns
+        seconds = torch.tensor([t.seconds for t in turns], dtype=torch.float64)
+        dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+        sent = torch.tensor([t.tx_bytes for t in turns], dtype=torch.float64)
+        dist.all_reduce(sent)
+        on_wire = _tx_bytes() is not None
+        examples = block * cfg.train.batch_size * env.world_size
+        for turn, secs, tx in zip(turns, seconds.tolist(), sent.tolist(), strict=True):
+            if turn.cycle == 0:
+                continue
+            row: dict[str, Any] = {
+                "arm": turn.arm, "seed": seed, "repeat": turn.cycle - 1, "interleave": block,
+                "examples_per_s": examples / secs, "train_seconds": secs,
+                "eval_auc": math.nan, "eval_ne": math.nan, "eval_calibration": math.nan,
+            }
+            if turn.arm in wrapper.children:
+                row.update(sync_syncs_applied=turn.syncs_applied,
+                           sync_bytes_reduced=turn.bytes_reduced,
+                           sync_gap_mean=(block / turn.syncs_applied if turn.syncs_applied
+                                          else math.nan))
+            if on_wire:
+                row["wire_bytes"] = tx
+            rows.append(row)
+        if env.rank == 0:
+            print(f"seed {seed}: {cycles} cycles of {len(arms)} turns of {block} steps; the "
+                  f"model after the final consensus: AUC {summary['eval_auc']:.4f}, "
+                  f"NE {summary['eval_ne']:.4f}", flush=True)
+    return rows
 
 
 def run_all(
@@ -173,8 +393,8 @@ def table(arms: list[dict[str, Any]]) -> str:
             f"| {a['arm']} | {a['examples_per_s']:,.0f} | {a['ratio_to_none']:.3f} "
             f"[{a['ratio_min']:.3f}, {a['ratio_max']:.3f}] | "
             f"{_f(a['sync_gap_mean'])} | {_f(a['sync_gap_max'], 0)} | {_f(a['syncs'], 0)} | "
-            f"{_f(a['comm_seconds'])} | {a['eval_auc']:.4f} | {ne} | "
-            f"{a['eval_calibration']:.3f} |"
+            f"{_f(a['comm_seconds'])} | {_f(a['eval_auc'], 4)} | {ne} | "
+            f"{_f(a['eval_calibration'], 3)} |"
         )
     return "\n".join(lines)
 
@@ -189,6 +409,9 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="train.seed values")
     parser.add_argument("--repeats", type=int, default=1, help="runs per arm and seed")
     parser.add_argument("--json", type=Path, help="also write every run as JSON here (rank 0)")
+    parser.add_argument("--interleave", type=int, metavar="B",
+                        help="arms take turns of B steps on one model, --repeats timed cycles "
+                             "after a warm-up cycle (--steps is then unused)")
     parser.add_argument("overrides", nargs="*", help="overrides common to every arm")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, force=True)
@@ -197,7 +420,11 @@ def main() -> int:
     if args.steps:
         common = [f"train.steps={args.steps}", f"train.log_every={args.steps + 1}", *common]
     env = init_distributed(300.0)
-    rows = run_all(env, args.config, common, arms, args.seeds, args.repeats)
+    if args.interleave:
+        rows = run_interleaved(env, args.config, common, arms, args.seeds, args.repeats,
+                               args.interleave)
+    else:
+        rows = run_all(env, args.config, common, arms, args.seeds, args.repeats)
     if env.rank == 0:
         print(f"\n{env.world_size} ranks on {env.device}, config {args.config} "
               f"{' '.join(args.overrides)}; steps {args.steps or 'from config'}, seeds "

@@ -91,12 +91,13 @@ AA_ARM = "none A/A"  # a second none arm (--aa): what two identical arms read ap
 
 def default_arms(algorithm: str, periods: Sequence[int], shadow: Sequence[str],
                  wires: Sequence[str] = ("float32",), shadow_common: str = "",
-                 sync_common: str = "", aa: bool = False) -> list[str]:
-    """``bench_sync --arm`` specs: none, ddp, then for each wire dtype FR-k for each period and
-    a shadow arm for each ``"label: overrides"`` in ``shadow`` (FR and shadow of one wire
-    dtype send the same bytes a round); ``sync_common`` goes to every FR and shadow arm.
-    ``aa`` adds :data:`AA_ARM` last, so that the rotation puts it elsewhere than ``none``."""
-    arms = ["none: sync.algorithm=none", "ddp: sync.algorithm=ddp"]
+                 sync_common: str = "", aa: bool = False, ddp: bool = True) -> list[str]:
+    """``bench_sync --arm`` specs: none, ddp (unless not ``ddp``), then for each wire dtype FR-k
+    for each period and a shadow arm for each ``"label: overrides"`` in ``shadow`` (FR and
+    shadow of one wire dtype send the same bytes a round); ``sync_common`` goes to every FR and
+    shadow arm. ``aa`` adds :data:`AA_ARM` last, so that the rotation puts it elsewhere than
+    ``none``."""
+    arms = ["none: sync.algorithm=none", *(["ddp: sync.algorithm=ddp"] if ddp else [])]
     for wire in wires:
         tag, opt = WIRE_TAGS[wire], f" sync.wire_dtype={wire}" + (f" {sync_common}"
                                                                    if sync_common else "")
@@ -127,12 +128,13 @@ def run_job(out: Path, hosts: int, link: str, args: argparse.Namespace, command:
     raw = out / "raw" / f"{name}.json"
     argv = ["benchmarks/bench_sync.py", "--config", args.config, "--steps", str(args.steps),
             "--repeats", str(args.repeats), "--seeds", *map(str, args.seeds),
+            *(["--interleave", str(args.interleave)] if args.interleave else []),
             "--json", str(raw.resolve()),
             *[f"--arm={a}" for a in default_arms(
                 args.algorithm, args.periods, args.shadow, args.wires,
                 f"{chunk_override(link, args.chunk_ms)} {args.shadow_common}".strip(),
                 f"sync.socket_ifname={SYNC_IF}" if args.sync_class == "low" else "",
-                aa=args.aa)],
+                aa=args.aa, ddp=not args.interleave)],
             *args.overrides]
     arms = [a.removeprefix("--arm=") for a in argv if a.startswith("--arm=")]
     (out / "raw" / f"{name}.cmd").write_text(command + "\n" + "".join(f"  arm {a}\n"
@@ -360,16 +362,29 @@ def aa_line(arms: list[dict[str, Any]]) -> str:
             "job.\n\n")
 
 
+def interleave_line(block: int | None) -> str:
+    """What an interleaved job's rows are (a paragraph), or '' for separate runs."""
+    if block is None:
+        return ""
+    return (f"Interleaved (`--interleave {block}`): the arms took turns of {block} steps on one "
+            "model in one process (`bench_sync.py`'s `RotatingReplicas`); a repeat is one cycle "
+            "of turns, and each turn is compared with `none`'s turn of the same cycle, seconds "
+            "apart. One model, so no eval NE per arm.\n\n")
+
+
 def report(out: Path, links: Sequence[str]) -> str:
     """``report.md`` and one plot per link from every raw file under ``out``."""
     sections = []
     by_link: dict[str, dict[int, list[dict[str, Any]]]] = {}
     commands: dict[tuple[str, int], str] = {}
+    turns: dict[tuple[str, int], int | None] = {}  # --interleave's turn length, if any
     for raw in sorted((out / "raw").glob("h*_*.json")):
         hosts_s, link = raw.stem.split("_", 1)
         hosts = int(hosts_s[1:])
-        arms = summarize([current_keys(r) for r in json.loads(raw.read_text())], hosts)
+        rows = [current_keys(r) for r in json.loads(raw.read_text())]
+        arms = summarize(rows, hosts)
         by_link.setdefault(link, {})[hosts] = arms
+        turns[(link, hosts)] = rows[0].get("interleave") if rows else None
         cmd = raw.with_suffix(".cmd")
         commands[(link, hosts)] = cmd.read_text() if cmd.exists() else "(not recorded)\n"
     order = [link for link in links if link in by_link] + sorted(set(by_link) - set(links))
@@ -381,7 +396,9 @@ def report(out: Path, links: Sequence[str]) -> str:
             arm_list = "".join(f"- `{name}: {o}`\n" for name, o in recorded.items())
             goal = slowdown_goal(arms, slowdown_budgets(recorded) if recorded else None)
             sections.append(f"### {hosts} hosts, links {link}\n\n"
-                            f"Command: `{command}`\n\n{table(arms)}\n\n"
+                            f"Command: `{command}`\n\n"
+                            + interleave_line(turns[(link, hosts)])
+                            + f"{table(arms)}\n\n"
                             + aa_line(arms)
                             + f"{dominance_table(dominance(arms))}\n\n"
                             + (f"{slowdown_table(goal)}\n\n" if goal else "")
@@ -419,7 +436,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wires", nargs="+", default=["float32"], choices=list(WIRE_TAGS),
                         help="wire dtypes of the FR and shadow arms (each gets both curves)")
     parser.add_argument("--steps", type=int, default=100)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="repeats of each arm; with --interleave, timed cycles of turns")
+    parser.add_argument("--interleave", type=int, metavar="B",
+                        help="arms take turns of B steps on one model (bench_sync "
+                             "--interleave; no ddp arm, --steps unused); B must be a multiple "
+                             "of every FR period")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--job-timeout-s", type=float, default=3600.0)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/frontier")

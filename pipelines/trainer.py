@@ -45,7 +45,12 @@ from shadowsync.pipelines.console import ConsoleLog, planned_steps
 from shadowsync.pipelines.metrics import gather_metrics
 from shadowsync.pipelines.position import DataPosition
 from shadowsync.sync.runner import SyncError
-from shadowsync.sync.wrapper import build_replica_wrapper, dense_parameters
+from shadowsync.sync.wrapper import (
+    DDPReplicas,
+    LocalReplicas,
+    build_replica_wrapper,
+    dense_parameters,
+)
 
 logger = logging.getLogger("shadowsync.train")
 
@@ -216,11 +221,14 @@ class Trainer:
         summary = trainer.train()
     """
 
-    def __init__(self, cfg: RunConfig, env: DistEnv, dataset: RecDataset) -> None:
+    def __init__(self, cfg: RunConfig, env: DistEnv, dataset: RecDataset,
+                 wrapper: LocalReplicas | DDPReplicas | None = None) -> None:
+        """``wrapper``: the data-parallel wrapper to train with instead of the one ``sync.*``
+        names (``build_replica_wrapper(cfg.sync)``), e.g. a benchmark's."""
         self.cfg = cfg
         self.env = env
         self.dataset = dataset
-        self.wrapper = build_replica_wrapper(cfg.sync)
+        self.wrapper = build_replica_wrapper(cfg.sync) if wrapper is None else wrapper
         self.wrapper.failure_hook = faults.claim_failure
         self.dmp, self.plan = build_sharded_model(cfg, dataset.spec, env, self.wrapper)
         self.optimizer = build_optimizer(cfg, self.dmp)

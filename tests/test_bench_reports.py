@@ -24,6 +24,7 @@ def _load(name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, _DIR / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
@@ -142,3 +143,67 @@ def test_interleaved_pair_times_each_loop_apart() -> None:
         assert result["aa runs"] == result["runs"], result["aa runs"]
         ref, again = result["aa"]["A/A reference local"], result["aa"]["A/A local"]
         assert 0.5 < again["examples_per_s"] / ref["examples_per_s"] < 2.0, result["aa"]
+
+
+def test_rotating_replicas_refuses_arms_that_cannot_take_turns() -> None:
+    from shadowsync.sync.config import SyncConfig
+
+    bench = _load("bench_sync")
+    with pytest.raises(ValueError, match="sync.period=3 does not divide the turn of 10"):
+        bench.RotatingReplicas({"FR k=3": SyncConfig(algorithm="ma", mode="fixed_rate",
+                                                     period=3)}, 10)
+    with pytest.raises(ValueError, match="sync.algorithm=ddp is not a ShadowSync strategy"):
+        bench.RotatingReplicas({"ddp": SyncConfig(algorithm="ddp")}, 10)
+    with pytest.raises(ValueError, match="needs sync.on_failure=raise"):
+        bench.RotatingReplicas({"S": SyncConfig(algorithm="ma", on_failure="degrade")}, 10)
+
+
+def _interleaved_arms(rank: int, world_size: int) -> dict[str, Any]:
+    from shadowsync.pipelines.build import init_distributed
+    from tests._dist import SMALL
+
+    bench = _load("bench_sync")
+    made: list[Any] = []
+
+    class Spy(bench.RotatingReplicas):  # type: ignore[name-defined, misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    bench.RotatingReplicas = Spy
+    env = init_distributed(60)
+    arms = [("none", ["sync.algorithm=none"]),
+            ("FR k=5", ["sync.algorithm=ma", "sync.mode=fixed_rate", "sync.period=5"]),
+            ("S s1", ["sync.algorithm=ma", "sync.mode=shadow", "sync.max_slowdown=null",
+                       "sync.max_staleness=1"])]
+    rows = bench.run_interleaved(env, "synthetic", [*SMALL[2:], "eval.max_batches=1"], arms,
+                                 seeds=[0], cycles=2, block=10)
+    (wrapper,) = made
+    return {"rows": rows,
+            "order": [(t.arm, t.cycle) for t in wrapper.turns],
+            "steps": {n: c.runner.stats().steps for n, c in wrapper.children.items()},
+            "phases": {n: c.phase.name for n, c in wrapper.children.items()}}
+
+
+def test_interleaved_arms_take_turns_on_one_model() -> None:
+    """``bench_sync --interleave``: each arm's runner steps only in its own turns (10 steps in
+    each of 3 cycles), the cycles rotate the order, a fixed-rate turn holds exactly its
+    rounds, and the warm-up cycle is left out of the rows."""
+    for result in run_ranks(_interleaved_arms, timeout_s=180):
+        assert result["order"] == [("none", 0), ("FR k=5", 0), ("S s1", 0),
+                                   ("FR k=5", 1), ("S s1", 1), ("none", 1),
+                                   ("S s1", 2), ("none", 2), ("FR k=5", 2)]
+        assert result["steps"] == {"FR k=5": 30, "S s1": 30}, result["steps"]
+        assert result["phases"] == {"FR k=5": "FINISHED", "S s1": "FINISHED"}
+        rows = result["rows"]
+        assert [(r["arm"], r["repeat"]) for r in rows] == [
+            ("FR k=5", 0), ("S s1", 0), ("none", 0), ("S s1", 1), ("none", 1), ("FR k=5", 1)]
+        for r in rows:
+            assert r["interleave"] == 10 and r["examples_per_s"] > 0
+            if r["arm"] == "none":
+                assert "sync_syncs_applied" not in r
+            elif r["arm"] == "FR k=5":
+                assert (r["sync_syncs_applied"], r["sync_gap_mean"]) == (2, 5.0)
+            else:  # each round awaited a step after its snapshot: about one sync a step
+                assert r["sync_syncs_applied"] >= 5, r
+                assert r["sync_bytes_reduced"] > 0

@@ -7,6 +7,7 @@ Pure arithmetic: no processes, no network.
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import sys
 from pathlib import Path
@@ -156,3 +157,20 @@ def test_an_aa_arm_is_reported_as_the_spread_between_identical_arms() -> None:
     # it is neither an FR point nor a shadow arm
     assert all(fr.AA_ARM not in (d["fr"], *d["strict"], *d["median"])
                for d in fr.dominance(summary))
+
+
+def test_an_interleaved_job_has_no_ddp_arm_and_says_what_its_repeats_are(
+        tmp_path: Path) -> None:
+    arms = fr.default_arms("ma", [5], ["b2b: sync.max_slowdown=null"], ddp=False)
+    assert [a.split(":")[0] for a in arms] == ["none", "FR k=5", "S b2b"]
+    (tmp_path / "raw").mkdir()
+    turns = [{**r, "interleave": 100, "eval_ne": math.nan} for r in ROWS]
+    (tmp_path / "raw" / "h2_1gbit-t.json").write_text(json.dumps(turns))
+    (tmp_path / "raw" / "h2_1gbit.json").write_text(json.dumps(ROWS))
+    text = fr.report(tmp_path, ["1gbit", "1gbit-t"])
+    separate, interleaved = text.split("### 2 hosts, links ")[1:]
+    assert "Interleaved" not in separate
+    assert "Interleaved (`--interleave 100`): the arms took turns of 100 steps" in interleaved
+    # the same ratios either way, and no NE where one model served every arm
+    assert "| S 5% | 950 | 0.960 [0.950, 0.960] | 4.0 |" in interleaved
+    assert interleaved.split("| S 5% |")[1].split("\n")[0].endswith("| - |")
