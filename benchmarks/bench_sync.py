@@ -109,6 +109,10 @@ class Turn:
     syncs_applied: int = 0
     bytes_reduced: int = 0
     tx_bytes: int = 0
+    done: bool = False  # all its steps ran (training can end inside a turn)
+    # the accepted-slowdown pacer's estimates at the turn's end (NaN without one)
+    round_cost: float = math.nan
+    busy_share: float = math.nan
 
 
 class RotatingReplicas(LocalReplicas):
@@ -203,7 +207,11 @@ class RotatingReplicas(LocalReplicas):
         turn.syncs_applied += applied
         turn.bytes_reduced += reduced
         turn.tx_bytes += tx
+        turn.done = True
         if self._active is not None:
+            assert self._active.runner is not None
+            stats = self._active.runner.stats()
+            turn.round_cost, turn.busy_share = stats.round_cost, stats.busy_share
             self._active.pause(consensus=False)
 
     def after_step(self) -> None:
@@ -223,14 +231,11 @@ class RotatingReplicas(LocalReplicas):
             self._active.resume()
 
     def finish(self) -> None:
-        """Ends every arm's runner, the one whose turn it is with its final consensus, and
-        drops the turn begun after the last step (it holds no step)."""
+        """Ends every arm's runner, the one whose turn it is with its final consensus."""
         if self._active is not None:
             self._active.finish()
         for child in self.children.values():
             child.finish()
-        if self.turns and self._steps % self.block == 0:
-            self.turns.pop()
 
     def close(self) -> None:
         for child in self.children.values():
@@ -264,13 +269,17 @@ def run_interleaved(
     steps = (cycles + 1) * len(arms) * block
     rows = []
     for seed in seeds:
+        # epochs: as many as the turns need (the step budget ends the run)
         cfg = load_config(preset, [*common, f"train.seed={seed}", "sync.algorithm=none",
-                                   f"train.steps={steps}", f"train.log_every={steps + 1}"])
+                                   f"train.steps={steps}", f"train.log_every={steps + 1}",
+                                   f"train.epochs={steps}"])
         wrapper = RotatingReplicas(syncs, block)
         with Trainer(cfg, env, build_dataset(cfg.data.name, **cfg.data.options),
                      wrapper=wrapper) as trainer:
             summary = trainer.train()
-        turns = wrapper.turns
+        turns = [t for t in wrapper.turns if t.done]
+        if len(turns) != steps // block:
+            raise RuntimeError(f"training ended after {summary['step']} of {steps} steps")
         seconds = torch.tensor([t.seconds for t in turns], dtype=torch.float64)
         dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
         sent = torch.tensor([t.tx_bytes for t in turns], dtype=torch.float64)
@@ -288,6 +297,7 @@ def run_interleaved(
             if turn.arm in wrapper.children:
                 row.update(sync_syncs_applied=turn.syncs_applied,
                            sync_bytes_reduced=turn.bytes_reduced,
+                           sync_round_cost=turn.round_cost, sync_busy_share=turn.busy_share,
                            sync_gap_mean=(block / turn.syncs_applied if turn.syncs_applied
                                           else math.nan))
             if on_wire:

@@ -180,7 +180,8 @@ def _interleaved_arms(rank: int, world_size: int) -> dict[str, Any]:
                                  seeds=[0], cycles=2, block=10)
     (wrapper,) = made
     return {"rows": rows,
-            "order": [(t.arm, t.cycle) for t in wrapper.turns],
+            "order": [(t.arm, t.cycle) for t in wrapper.turns if t.done],
+            "begun": [(t.arm, t.cycle) for t in wrapper.turns if not t.done],
             "steps": {n: c.runner.stats().steps for n, c in wrapper.children.items()},
             "phases": {n: c.phase.name for n, c in wrapper.children.items()}}
 
@@ -193,6 +194,7 @@ def test_interleaved_arms_take_turns_on_one_model() -> None:
         assert result["order"] == [("none", 0), ("FR k=5", 0), ("S s1", 0),
                                    ("FR k=5", 1), ("S s1", 1), ("none", 1),
                                    ("S s1", 2), ("none", 2), ("FR k=5", 2)]
+        assert result["begun"] == [("none", 3)]  # after the last step: holds none, no row
         assert result["steps"] == {"FR k=5": 30, "S s1": 30}, result["steps"]
         assert result["phases"] == {"FR k=5": "FINISHED", "S s1": "FINISHED"}
         rows = result["rows"]
