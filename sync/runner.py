@@ -647,15 +647,19 @@ class SlowdownPacer:
     The training loop reports each step's wall time and whether a round touched it (the step
     applied a delta, took a snapshot, or ran while a round was in flight). From the means of
     recent *quiet* steps ``t_q`` and *busy* steps ``t_b`` it knows the cost of a round per step,
-    ``c = t_b / t_q - 1``. If a fraction ``f`` of steps is busy, training runs ``f c`` slower, so
-    the runner keeps ``f <= max_slowdown / c``: a round that kept ``n_b`` steps busy is followed
-    by ``n_b (1 - f) / f`` quiet steps. Rounds go back to back when they cost less than the
-    budget. Every ``explore_every`` rounds a few quiet steps are forced, so ``t_q`` stays current
-    even then. Means, not medians: the step rate is set by the mean step time, and much of a
-    round's cost lands on a few of its busy steps (the one that copies the snapshot, the ones
-    its burst of socket work hits), which a median would discard; on emulated 1 Gbit/s hosts
-    the median-based pacer overshot a 5% budget. A stray slow step moves a window's mean by a
-    1/``window`` share of its excess, for that window only.
+    ``c = t_b / t_q - 1``. If a fraction ``f`` of steps is busy, training runs ``f c`` slower,
+    so the runner keeps ``f <= max_slowdown / c``: a round that kept ``n_b`` steps busy is
+    followed by ``n_b (1 - f) / f`` quiet steps. The pause is set in seconds, and some of it is
+    not quiet (the step that applies the round's delta is busy, and it falls inside the pause):
+    so the quiet steps a pause actually held are counted, and a shortfall against its target is
+    added to the next pauses (integral control), or the busy share would overshoot ``f`` (on
+    emulated 1 Gbit/s hosts it ran at ~0.7 where ``f`` was ~0.55). Rounds go back to back when
+    they cost less than the budget. Every ``explore_every`` rounds a few quiet steps are forced,
+    so ``t_q`` stays current even then. Means, not medians: the step rate is set by the mean
+    step time, and much of a round's cost lands on a few of its busy steps (the one that copies
+    the snapshot, the ones its burst of socket work hits), which a median would discard; on
+    emulated 1 Gbit/s hosts the median-based pacer overshot a 5% budget. A stray slow step moves
+    a window's mean by a 1/``window`` share of its excess, for that window only.
 
     Args:
         max_slowdown: accepted loss of step rate, in (0, 1): 0.05 keeps >= 95% of it.
@@ -670,9 +674,12 @@ class SlowdownPacer:
         self.explore_every = explore_every
         self._quiet: collections.deque[float] = collections.deque(maxlen=window)
         self._busy: collections.deque[float] = collections.deque(maxlen=window)
-        self._busy_steps_this_round = 0
+        self._busy_steps_this_round = self._quiet_steps_this_round = 0
         self._busy_total = self._quiet_total = 0
         self._rounds = 0
+        self._target: float | None = None  # quiet steps the last budgeted pause was to hold
+        self._shortfall = 0.0  # quiet steps added to each budgeted pause
+        self._window = window
         self._lock = threading.Lock()  # observe() and the thread's reads run concurrently
 
     def observe(self, seconds: float, busy: bool) -> None:
@@ -683,6 +690,7 @@ class SlowdownPacer:
                 self._busy_steps_this_round += 1
                 self._busy_total += 1
             else:
+                self._quiet_steps_this_round += 1
                 self._quiet_total += 1
 
     def round_cost(self) -> float:
@@ -712,11 +720,19 @@ class SlowdownPacer:
         with self._lock:
             self._rounds += 1
             busy_steps, self._busy_steps_this_round = max(self._busy_steps_this_round, 1), 0
+            quiet_seen, self._quiet_steps_this_round = self._quiet_steps_this_round, 0
+            if self._target is not None:  # half the last pause's shortfall, each round
+                self._shortfall = min(max(0.0, self._shortfall
+                                          + 0.5 * (self._target - quiet_seen)), self._window)
+            self._target = None
             if not self._quiet:  # no quiet step measured yet: make room for a few
                 return 3 * statistics.fmean(self._busy) if self._busy else 0.0
             t_quiet = statistics.fmean(self._quiet)
             explore = self._rounds % self.explore_every == 0
-        quiet_steps = busy_steps * (1.0 - f) / f
+            quiet_steps = 0.0
+            if f < 1.0:
+                self._target = busy_steps * (1.0 - f) / f
+                quiet_steps = self._target + self._shortfall
         if quiet_steps < 2 and explore:
             quiet_steps = 3.0  # keep t_q measured even when rounds go back to back
         return quiet_steps * t_quiet

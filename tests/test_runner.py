@@ -692,6 +692,30 @@ def test_slowdown_pacer_keeps_the_busy_share_within_budget() -> None:
         SlowdownPacer(1.0)
 
 
+def test_slowdown_pacer_makes_up_quiet_steps_a_pause_did_not_hold() -> None:
+    """A pause is set in seconds, and the step that applies a round's delta (busy) falls inside
+    it: here every pause holds one quiet step fewer than it lasts. Busy steps 1.1x as long as
+    quiet ones allow half the steps busy (a round of 2 busy steps plus its apply step wants 3
+    quiet ones); uncorrected the pause holds 2 and the busy share sits at 0.6, 20% over."""
+
+    def busy_share(pacer: SlowdownPacer, rounds: int) -> float:
+        busy = quiet = 0
+        for _ in range(rounds):
+            held = max(0, round(pacer.quiet_seconds() / 0.010) - 1)
+            for seconds, is_busy in [(0.011, True)] * 3 + [(0.010, False)] * held:
+                pacer.observe(seconds, is_busy)
+            busy, quiet = busy + 3, quiet + held
+        return busy / (busy + quiet)
+
+    pacer = SlowdownPacer(0.05, explore_every=1000)
+    for _ in range(32):
+        pacer.observe(0.010, busy=False)
+    busy_share(pacer, 20)  # settles
+    assert pacer.busy_fraction() == pytest.approx(0.5)
+    assert busy_share(pacer, 50) == pytest.approx(0.5, abs=0.02)
+    assert pacer._shortfall == pytest.approx(1.0, abs=0.3)
+
+
 class ContendedAveraging(ModelAveraging):
     """Model averaging whose rounds spend ``busy_s`` in a reduction that sets ``contending``
     meanwhile: the test's training steps run 3x slower while it is set, as they do while gloo's
