@@ -53,6 +53,7 @@ from shadowsync.pipelines.build import DistEnv, init_distributed
 from shadowsync.pipelines.config import load_config
 from shadowsync.pipelines.trainer import Trainer
 from shadowsync.sync.config import ALGORITHMS, SyncConfig
+from shadowsync.sync.runner import SyncRunner
 from shadowsync.sync.wrapper import LocalReplicas, ShadowSyncReplicas
 
 DEFAULT_ARMS = [
@@ -113,6 +114,16 @@ class Turn:
     # the accepted-slowdown pacer's estimates at the turn's end (NaN without one)
     round_cost: float = math.nan
     busy_share: float = math.nan
+    applied_at: list[int] = dataclasses.field(default_factory=list)  # steps 1..block
+
+    def gap(self) -> float:
+        """Mean steps between consecutive syncs applied within the turn (NaN under two).
+
+        Not ``block / syncs``: a turn's first round lands a round after its first step, and
+        the round in flight at its end is not counted, which would charge every turn a
+        round's worth of gap that a continuous run does not have."""
+        a = self.applied_at
+        return (a[-1] - a[0]) / (len(a) - 1) if len(a) > 1 else math.nan
 
 
 class RotatingReplicas(LocalReplicas):
@@ -127,9 +138,10 @@ class RotatingReplicas(LocalReplicas):
 
     A turn is timed from the ``after_step`` that begins it to the one that ends it: exactly
     ``block`` steps with all the training loop's own work, the switch itself outside. A turn's
-    syncs are those applied within it; a round still in flight at its end was paid for in the
-    turn and counts nowhere (against the arm). A fixed-rate arm's ``period`` must divide
-    ``block``, so every turn holds the same rounds.
+    syncs are those applied within it, and its sync gap the mean distance between them
+    (:meth:`Turn.gap`); a round still in flight at its end was paid for in the turn and counts
+    nowhere (against the arm). A fixed-rate arm's ``period`` must divide ``block``, so every
+    turn holds the same rounds.
 
     Example::
 
@@ -162,7 +174,7 @@ class RotatingReplicas(LocalReplicas):
         self.turns: list[Turn] = []
         self._steps = 0
         self._active: ShadowSyncReplicas | None = None
-        self._began = 0.0
+        self._applied = 0  # the active runner's syncs_applied after the last step
 
     def order(self, cycle: int) -> list[str]:
         """The arms in the order cycle ``cycle`` runs them."""
@@ -185,15 +197,21 @@ class RotatingReplicas(LocalReplicas):
     def _counters(self, child: ShadowSyncReplicas | None) -> tuple[int, int, int]:
         if child is None:
             return 0, 0, _tx_bytes() or 0
-        assert child.runner is not None  # wrapped
-        s = child.runner.stats()
+        s = self._runner_of(child).stats()
         return s.syncs_applied, s.bytes_reduced, _tx_bytes() or 0
+
+    @staticmethod
+    def _runner_of(child: ShadowSyncReplicas) -> SyncRunner:
+        if child.runner is None:
+            raise RuntimeError("RotatingReplicas used before DistributedModelParallel wrapped it")
+        return child.runner
 
     def _begin(self, turn: int) -> None:
         cycle, at = divmod(turn, len(self.arms))
         name = self.order(cycle)[at]
         self._active = self.children.get(name)
         applied, reduced, tx = self._counters(self._active)
+        self._applied = applied
         self.turns.append(Turn(name, cycle, -time.perf_counter(), -applied, -reduced, -tx))
         if self._active is not None:
             self._active.resume()
@@ -209,15 +227,18 @@ class RotatingReplicas(LocalReplicas):
         turn.tx_bytes += tx
         turn.done = True
         if self._active is not None:
-            assert self._active.runner is not None
-            stats = self._active.runner.stats()
+            stats = self._runner_of(self._active).stats()
             turn.round_cost, turn.busy_share = stats.round_cost, stats.busy_share
             self._active.pause(consensus=False)
 
     def after_step(self) -> None:
+        self._steps += 1
         if self._active is not None:
             self._active.after_step()
-        self._steps += 1
+            applied = self._runner_of(self._active).syncs_applied
+            if applied > self._applied:
+                self.turns[-1].applied_at.append((self._steps - 1) % self.block + 1)
+                self._applied = applied
         if self._steps % self.block == 0:
             self._end()
             self._begin(self._steps // self.block)
@@ -298,8 +319,7 @@ def run_interleaved(
                 row.update(sync_syncs_applied=turn.syncs_applied,
                            sync_bytes_reduced=turn.bytes_reduced,
                            sync_round_cost=turn.round_cost, sync_busy_share=turn.busy_share,
-                           sync_gap_mean=(block / turn.syncs_applied if turn.syncs_applied
-                                          else math.nan))
+                           sync_gap_mean=turn.gap())
             if on_wire:
                 row["wire_bytes"] = tx
             rows.append(row)

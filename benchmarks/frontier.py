@@ -21,6 +21,13 @@ namespaces)::
         --links unlimited 10gbit 1gbit 200mbit --repeats 3 --out benchmarks/results/frontier
     .venv/bin/python benchmarks/frontier.py --report-only --out benchmarks/results/frontier
 
+``--interleave B`` measures the arms in turns of ``B`` steps on one model instead (``bench_sync
+--interleave``): separate runs each build a model and a data stream, and on shared cores two
+identical runs of one job can read further apart than the arms differ; turns on one model put
+the machine's drift on every arm alike (``--aa`` shows what is left). A repeat is then one cycle
+of turns; there is no ``ddp`` arm (DDP is built into the model) and no per-arm eval NE (one
+model).
+
 Each (hosts, link) job writes ``raw/h<N>_<link>.json`` (every run, as ``bench_sync --json``
 writes it) as soon as it ends, so a sweep can be stopped and resumed (``--skip-done``); the
 report (``report.md``, ``frontier_<link>.png``) is rebuilt from whatever raw files exist.

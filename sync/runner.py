@@ -353,6 +353,12 @@ class SyncRunner(abc.ABC):
         if self._running:
             self._mark_stopped()
 
+    @property
+    def syncs_applied(self) -> int:
+        """Deltas added to the live replica so far (training thread; cheap enough to read
+        every step, unlike :meth:`stats`)."""
+        return self._counters.syncs_applied
+
     def stats(self) -> SyncStats:
         """Telemetry of this rank so far."""
         with self._lock:
