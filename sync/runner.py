@@ -797,7 +797,9 @@ class ShadowSyncRunner(SyncRunner):
     reduction, socket I/O) then runs in the time training leaves, and rounds take longer
     instead of slowing steps, as ``socket_ifname`` of :func:`new_sync_group` does for the link.
     A round whose next round may start at once is posted together with the next snapshot
-    request, so a boundary can apply one round and start the next.
+    request, so a boundary can apply one round and start the next. A pause that :meth:`stop`
+    cut short is finished after the next :meth:`start` before the first round, so stopping
+    (say for a checkpoint) does not buy an unpaced round.
 
     Bounded staleness: with ``max_staleness`` ``K``, a boundary ``K`` steps after a round's
     snapshot waits until that round's delta is posted (``shadowsync.wait``), so no sync is
@@ -868,6 +870,7 @@ class ShadowSyncRunner(SyncRunner):
         self._wake = threading.Event()
         self._last_progress = 0.0
         self._abandoned = threading.Event()
+        self._carried_pause = 0.0  # seconds of a pause that stop() cut short (thread side)
         # Training-thread side of the step clock (accepted-slowdown pacing).
         self._round_open = False  # a snapshot was taken and its delta not yet applied
         self._step_began: float | None = None
@@ -1023,6 +1026,9 @@ class ShadowSyncRunner(SyncRunner):
 
     def _loop(self) -> None:
         asked = False
+        carried, self._carried_pause = self._carried_pause, 0.0
+        if carried > 0:
+            self._wait_out(carried)
         while self._request_snapshot(asked):
             began = time.perf_counter()
             # Each rank proposes its pause from its own step clock; all take the mean, so the
@@ -1037,7 +1043,13 @@ class ShadowSyncRunner(SyncRunner):
             if control.stop:
                 return
             if pause > 0:
-                self._wake.wait(pause)
+                self._wait_out(pause)
+
+    def _wait_out(self, pause: float) -> None:
+        """Sleep ``pause`` seconds; if a stop cuts it short, keep the rest for the next start."""
+        until = time.perf_counter() + pause
+        if self._wake.wait(pause) and self._stop_requested.is_set():
+            self._carried_pause = max(0.0, until - time.perf_counter())
 
     def _request_snapshot(self, asked: bool = False) -> bool:
         """Ask the training loop for a snapshot and wait for it; False if abandoned. ``asked``:

@@ -175,6 +175,32 @@ def test_thread_nice_lowers_the_sync_thread_alone(world1: dist.ProcessGroup) -> 
     runner.stop()
 
 
+def test_a_pause_cut_short_by_stop_is_finished_after_start(world1: dist.ProcessGroup) -> None:
+    """Rounds at most one a second: a stop right after the first round ends its pause with the
+    stop round, and the next start waits out the rest of that second before its first
+    round."""
+
+    def step_while(cond: Callable[[], bool], limit_s: float) -> float:
+        began = time.perf_counter()
+        while cond() and time.perf_counter() - began < limit_s:
+            runner.step()
+            time.sleep(0.005)
+        return time.perf_counter() - began
+
+    runner = ShadowSyncRunner(params_of(make_model()), ModelAveraging(), world1,
+                              min_interval_s=1.0)
+    runner.start()
+    step_while(lambda: runner.stats().syncs_applied < 1, 5.0)
+    runner.stop(final_sync=False)  # cuts the pause short, with the stop round
+    rounds = runner.stats().rounds
+    runner.start()
+    step_while(lambda: True, 0.4)
+    assert runner.stats().rounds == rounds  # still inside the carried pause
+    waited = step_while(lambda: runner.stats().rounds == rounds, 5.0)
+    assert runner.stats().rounds > rounds and waited < 1.0
+    runner.stop(final_sync=False)
+
+
 def test_socket_ifname_binds_the_sync_group_and_restores_the_environment(
         world1: dist.ProcessGroup, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "before")
