@@ -133,8 +133,9 @@ class RotatingReplicas(LocalReplicas):
     no synchronization) gets a :class:`~shadowsync.sync.wrapper.ShadowSyncReplicas` of its
     own (its own runner, process group and pacer state) on the same dense parameters, paused
     as soon as it is wrapped. A turn resumes it, runs ``block`` steps and pauses it without
-    consensus (the runner's stop round); cycle ``c`` runs the arms in their order rotated by
-    ``c``, so every arm follows every other.
+    consensus (the runner's stop round; a pacing pause that cuts short is finished in the
+    arm's next turn, as in one continuous run); cycle ``c`` runs the arms in their order
+    rotated by ``c``, so every arm follows every other.
 
     A turn is timed from the ``after_step`` that begins it to the one that ends it: exactly
     ``block`` steps with all the training loop's own work, the switch itself outside. A turn's
