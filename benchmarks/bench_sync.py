@@ -107,7 +107,6 @@ class Turn:
     arm: str
     cycle: int
     seconds: float = 0.0
-    syncs_applied: int = 0
     bytes_reduced: int = 0
     tx_bytes: int = 0
     done: bool = False  # all its steps ran (training can end inside a turn)
@@ -115,6 +114,10 @@ class Turn:
     round_cost: float = math.nan
     busy_share: float = math.nan
     applied_at: list[int] = dataclasses.field(default_factory=list)  # steps 1..block
+
+    @property
+    def syncs_applied(self) -> int:
+        return len(self.applied_at)
 
     def gap(self) -> float:
         """Mean steps between consecutive syncs applied within the turn (NaN under two).
@@ -213,7 +216,7 @@ class RotatingReplicas(LocalReplicas):
         self._active = self.children.get(name)
         applied, reduced, tx = self._counters(self._active)
         self._applied = applied
-        self.turns.append(Turn(name, cycle, -time.perf_counter(), -applied, -reduced, -tx))
+        self.turns.append(Turn(name, cycle, -time.perf_counter(), -reduced, -tx))
         if self._active is not None:
             self._active.resume()
         self.turns[-1].seconds = -time.perf_counter()
@@ -221,9 +224,8 @@ class RotatingReplicas(LocalReplicas):
     def _end(self) -> None:
         ended = time.perf_counter()
         turn = self.turns[-1]
-        applied, reduced, tx = self._counters(self._active)
+        _, reduced, tx = self._counters(self._active)
         turn.seconds += ended
-        turn.syncs_applied += applied
         turn.bytes_reduced += reduced
         turn.tx_bytes += tx
         turn.done = True

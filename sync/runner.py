@@ -685,7 +685,6 @@ class SlowdownPacer:
         self._rounds = 0
         self._target: float | None = None  # quiet steps the last budgeted pause was to hold
         self._shortfall = 0.0  # quiet steps added to each budgeted pause
-        self._window = window
         self._lock = threading.Lock()  # observe() and the thread's reads run concurrently
 
     def observe(self, seconds: float, busy: bool) -> None:
@@ -729,7 +728,8 @@ class SlowdownPacer:
             quiet_seen, self._quiet_steps_this_round = self._quiet_steps_this_round, 0
             if self._target is not None:  # half the last pause's shortfall, each round
                 self._shortfall = min(max(0.0, self._shortfall
-                                          + 0.5 * (self._target - quiet_seen)), self._window)
+                                          + 0.5 * (self._target - quiet_seen)),
+                                      float(self._quiet.maxlen or 0))
             self._target = None
             if not self._quiet:  # no quiet step measured yet: make room for a few
                 return 3 * statistics.fmean(self._busy) if self._busy else 0.0
