@@ -459,9 +459,11 @@ def main() -> int:
     else:
         rows = run_all(env, args.config, common, arms, args.seeds, args.repeats)
     if env.rank == 0:
+        runs = (f"turns of {args.interleave} steps, {args.repeats} timed cycle(s)"
+                if args.interleave else
+                f"steps {args.steps or 'from config'}, {args.repeats} repeat(s)")
         print(f"\n{env.world_size} ranks on {env.device}, config {args.config} "
-              f"{' '.join(args.overrides)}; steps {args.steps or 'from config'}, seeds "
-              f"{args.seeds}, {args.repeats} repeat(s)\n")
+              f"{' '.join(args.overrides)}; {runs}, seeds {args.seeds}\n")
         print(table(aggregate(rows)))
         if args.json:
             args.json.write_text(json.dumps(rows, indent=1))
