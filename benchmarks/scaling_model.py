@@ -48,6 +48,7 @@ import argparse
 import dataclasses
 import datetime
 import functools
+import itertools
 import json
 import math
 import re
@@ -480,6 +481,12 @@ from each job's ``none`` arm and its link, with constants fitted on the 2-host j
               gap as measured = steps / rounds: rounds start at step 1, the second g_1 later
                             (g_1 = g, or g + 3 with a pacer: it waits 3 steps to have a quiet
                             step to compare with), then every g_s; stop() adds one
+    turns     (jobs run with --interleave B, every arm on one model in turns of B steps; the
+              rows carry ``interleave``): steps = B, the gap is the mean distance between the
+              syncs applied within a turn, so FR-k's is k and shadow's is g_s (a turn resumes
+              where the arm's last one left off: no first round, no stop round); a round's
+              bytes S come from the FR turns (all their rounds fall inside), its allreduce time
+              is not recorded
     ratio = T0 / T;  S (and A, Ac) halve with a 16-bit wire dtype (FR and shadow)
 
 Also shown for shadow: the ratio at the *measured* gap, T0 / (T0 + C / gap), which separates
@@ -493,6 +500,7 @@ TESTBED_UNLIMITED_MBPS = 600.0
 TESTBED_PROBE_HOSTS = 2
 TESTBED_TBF_LATENCY_S = 0.1
 TESTBED_FAMILIES = ("ddp", "FR", "shadow")
+TESTBED_SCHEDULES = ("runs", "turns")  # separate runs per arm; --interleave turns on one model
 PACER_FIRST_QUIET_STEPS = 3  # SlowdownPacer.quiet_seconds before any quiet step is measured
 QUEUED_MAX = 4.0  # search bound of q: a step has a handful of exchanges, not more
 _LINK_RATE = re.compile(r"^(\d+(?:\.\d+)?)(kbit|mbit|gbit)$")
@@ -657,13 +665,31 @@ class TestbedMeasured:
     wire_bytes_per_step: float
     busy_share: float
     round_cost: float
+    interleaved: bool = False  # rows are turns of a --interleave job (TESTBED_DOC, turns)
+
+
+def _steps(row: Mapping[str, Any]) -> int:
+    """A run's steps, or a turn's (``interleave``) in a turns job."""
+    return int(row["step"] if "step" in row else row["interleave"])
+
+
+def _round_bytes(arm: str, rows: Sequence[Mapping[str, Any]]) -> float:
+    """Bytes of one round's allreduce: the final consensus is one more allreduce of a run
+    (of the same bytes when the wire dtype is float32, the frontier's default); in turns only
+    an FR arm's count is exact (every round it reduced was applied within the turn)."""
+    if any("sync_rounds" in r for r in rows):
+        return _nanmean([r["sync_bytes_reduced"] / (r["sync_rounds"] + 1) for r in rows
+                         if "sync_rounds" in r])
+    if not arm.startswith("FR "):
+        return math.nan
+    return _nanmean([r["sync_bytes_reduced"] / r["sync_syncs_applied"] for r in rows
+                     if r.get("sync_syncs_applied")])
 
 
 def measure_testbed(rows: Sequence[Mapping[str, Any]], hosts: int
                     ) -> dict[str, TestbedMeasured]:
-    """Per arm name, the measured point; rows are one ``raw/h<N>_<link>.json``. A round's
-    allreduce count is ``rounds + 1``: the final consensus is one more (of the same bytes when
-    the wire dtype is float32, the frontier's default)."""
+    """Per arm name, the measured point; rows are one ``raw/h<N>_<link>.json``, runs or a
+    turns job's turns (:func:`_round_bytes` for a round's size)."""
     base = {(r["seed"], r["repeat"]): float(r["examples_per_s"]) for r in rows
             if r["arm"] == "none"}
     if not base:
@@ -677,19 +703,19 @@ def measure_testbed(rows: Sequence[Mapping[str, Any]], hosts: int
         out[arm] = TestbedMeasured(
             runs=len(mine),
             batch_size=round(_median([r["examples_per_s"] * r["train_seconds"]
-                                      / (hosts * int(r["step"])) for r in mine])),
+                                      / (hosts * _steps(r)) for r in mine])),
             examples_per_s=_median([float(r["examples_per_s"]) for r in mine]),
             ratio=_median(ratios), ratio_min=min(ratios), ratio_max=max(ratios),
             gap=_nanmean([float(r.get("sync_gap_mean", math.nan)) for r in mine]),
-            steps=int(_median([int(r["step"]) for r in mine])),
-            round_bytes=_nanmean([r["sync_bytes_reduced"] / n
-                                  for r, n in zip(synced, allreduces, strict=True)]),
+            steps=int(_median([_steps(r) for r in mine])),
+            round_bytes=_round_bytes(arm, mine),
             comm_per_round_s=_nanmean([r["sync_comm_seconds"] / n
                                        for r, n in zip(synced, allreduces, strict=True)]),
             wire_bytes_per_step=_nanmean([float(r.get("wire_bytes", math.nan))
-                                          / (hosts * int(r["step"])) for r in mine]),
+                                          / (hosts * _steps(r)) for r in mine]),
             busy_share=_nanmean([float(r.get("sync_busy_share", math.nan)) for r in mine]),
             round_cost=_nanmean([float(r.get("sync_round_cost", math.nan)) for r in mine]),
+            interleaved=all("interleave" in r for r in mine),
         )
     return out
 
@@ -709,6 +735,7 @@ class TestbedJob:
     cpu_Bps: float  # Bc
     link_Bps: float | None  # B; None for an unlimited link
     tbf_latency_s: float  # L
+    interleaved: bool = False  # a turns job: gaps are measured within turns (TESTBED_DOC)
 
     @property
     def compute_s(self) -> float:
@@ -755,7 +782,7 @@ def testbed_job(hosts: int, link: str, measured_arms: Mapping[str, TestbedMeasur
                       step_s=hosts * none.batch_size / none.examples_per_s, bandwidth_Bps=beta,
                       round_bytes=size, a2a_s=wire / beta, cpu_Bps=links.cpu_Bps(hosts),
                       link_Bps=links.link_Bps(_link_rate_name(link)),
-                      tbf_latency_s=links.tbf_latency_s)
+                      tbf_latency_s=links.tbf_latency_s, interleaved=none.interleaved)
 
 
 def calibrate_links(measured: Mapping[tuple[int, str], Mapping[str, TestbedMeasured]],
@@ -899,7 +926,7 @@ def predict_testbed(arm: TestbedArm, job: TestbedJob, k: TestbedConstants) -> Te
         assert arm.period is not None
         m = fr_rounds(job.steps, arm.period)
         step = t0 + m / job.steps * (r + a)
-        gap = (1 + (m - 1) * arm.period) / m
+        gap = arm.period if job.interleaved else (1 + (m - 1) * arm.period) / m
         return TestbedPrediction(t0 / step, gap, step, r + a, a, gap)
     n_chunks = chunks(arm, size)
     kappa, stretch, wait = ((k.kappa_niced, k.stretch_niced, k.wait_niced) if arm.thread_nice
@@ -917,8 +944,9 @@ def predict_testbed(arm: TestbedArm, job: TestbedJob, k: TestbedConstants) -> Te
         first = gap + PACER_FIRST_QUIET_STEPS
         if cost / (gap * t0) > s:
             step, steady = t0 * (1 + s), cost / (s * t0)
-    rounds = shadow_rounds(job.steps, first, steady)
-    return TestbedPrediction(t0 / step, job.steps / rounds, step, cost, background, steady)
+    measured_gap = (steady if job.interleaved
+                    else job.steps / shadow_rounds(job.steps, first, steady))
+    return TestbedPrediction(t0 / step, measured_gap, step, cost, background, steady)
 
 
 def load_testbed(directory: Path) -> dict[tuple[int, str], list[dict[str, Any]]]:
@@ -1167,7 +1195,7 @@ def _testbed_row(arm: TestbedArm, job: TestbedJob, m: TestbedMeasured, role: str
     at_gap = p.ratio_at_gap(job, m.gap) if arm.kind == "shadow" else math.nan
     return {
         "hosts": job.hosts, "link": job.link, "arm": arm.name, "family": arm.family,
-        "role": role,
+        "role": role, "schedule": "turns" if job.interleaved else "runs",
         "ratio_measured": m.ratio, "ratio_min": m.ratio_min, "ratio_max": m.ratio_max,
         "ratio_predicted": p.ratio, "ratio_error": _rel(p.ratio, m.ratio),
         "gap_measured": m.gap, "gap_predicted": p.gap, "gap_error": _rel(p.gap, m.gap),
@@ -1181,21 +1209,25 @@ def _testbed_row(arm: TestbedArm, job: TestbedJob, m: TestbedMeasured, role: str
 
 def testbed_summary(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Median and max |relative error| of ratio, gap and (shadow) the ratio at the measured
-    gap, per role and arm family; and how many predicted ratios fall in the measured spread."""
+    gap, per role, arm family and schedule (separate runs, or turns on one model, whose
+    ratios are measured seconds apart); and how many predicted ratios fall in the measured
+    spread."""
     out = []
-    for role in TESTBED_ROLES:
-        for family in TESTBED_FAMILIES:
-            mine = [r for r in rows if r["role"] == role and r["family"] == family]
-            if not mine:
-                continue
-            entry: dict[str, Any] = {"role": role, "family": family, "points": len(mine),
-                                     "in_spread": sum(bool(r["in_spread"]) for r in mine)}
-            for what in ("ratio", "gap", "at_gap"):
-                errors = [abs(r[f"{what}_error"]) for r in mine
-                          if not math.isnan(r[f"{what}_error"])]
-                entry[f"{what}_median"] = _median(errors) if errors else math.nan
-                entry[f"{what}_max"] = max(errors) if errors else math.nan
-            out.append(entry)
+    for role, family, schedule in itertools.product(TESTBED_ROLES, TESTBED_FAMILIES,
+                                                    TESTBED_SCHEDULES):
+        mine = [r for r in rows if r["role"] == role and r["family"] == family
+                and r.get("schedule", "runs") == schedule]
+        if not mine:
+            continue
+        entry: dict[str, Any] = {"role": role, "family": family, "schedule": schedule,
+                                 "points": len(mine),
+                                 "in_spread": sum(bool(r["in_spread"]) for r in mine)}
+        for what in ("ratio", "gap", "at_gap"):
+            errors = [abs(r[f"{what}_error"]) for r in mine
+                      if not math.isnan(r[f"{what}_error"])]
+            entry[f"{what}_median"] = _median(errors) if errors else math.nan
+            entry[f"{what}_max"] = max(errors) if errors else math.nan
+        out.append(entry)
     return out
 
 
@@ -1286,15 +1318,18 @@ def testbed_report(jobs: Mapping[tuple[int, str], Sequence[Mapping[str, Any]]],
         "shadow arms' ratios and gaps |",
         f"| kappa_n, the same as kappa for a niced thread | {k.kappa_niced:.3f} | "
         "niced shadow arms' ratios and gaps |", "",
-        "## Summary: |relative error| per role and arm family", "",
+        "## Summary: |relative error| per role, arm family and schedule", "",
         "*in spread*: predicted ratios inside the measured [min, max] over repeats. *at gap*: "
-        "the shadow ratio the cost model gives at the measured gap.", "",
-        "| role | family | points | ratio: median | ratio: max | in spread | gap: median | "
-        "gap: max | at gap: median | at gap: max |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "the shadow ratio the cost model gives at the measured gap. *runs*: jobs whose arms "
+        "ran one after another; *turns*: jobs run with `--interleave`, every arm in turns on "
+        "one model, each turn's ratio to the `none` turn of its cycle (a repeat is a cycle).",
+        "",
+        "| role | family | schedule | points | ratio: median | ratio: max | in spread | "
+        "gap: median | gap: max | at gap: median | at gap: max |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for s in testbed_summary(rows):
-        parts.append(f"| {s['role']} | {s['family']} | {s['points']} | "
+        parts.append(f"| {s['role']} | {s['family']} | {s['schedule']} | {s['points']} | "
                      f"{_abs_pct(s['ratio_median'])} | {_abs_pct(s['ratio_max'])} | "
                      f"{s['in_spread']}/{s['points']} | "
                      f"{_abs_pct(s['gap_median'])} | {_abs_pct(s['gap_max'])} | "

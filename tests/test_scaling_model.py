@@ -272,6 +272,36 @@ def test_measure_pairs_each_run_with_its_repeats_none() -> None:
         sm.measure_testbed(rows[2:], hosts=4)
 
 
+def test_turns_jobs_count_a_turns_steps_bytes_and_gaps() -> None:
+    """A --interleave job's rows are turns of B steps, without a run's counters: an FR turn's
+    bytes over its syncs are one round's, and gaps are measured within turns."""
+    rows = [
+        {"arm": "none", "seed": 0, "repeat": 0, "interleave": 100, "examples_per_s": 1000.0,
+         "train_seconds": 25.6, "wire_bytes": 8e8},
+        {"arm": "FR k=10", "seed": 0, "repeat": 0, "interleave": 100, "examples_per_s": 800.0,
+         "train_seconds": 32.0, "sync_syncs_applied": 10, "sync_bytes_reduced": 1e8,
+         "sync_gap_mean": 10.0},
+        {"arm": "S 5%", "seed": 0, "repeat": 0, "interleave": 100, "examples_per_s": 950.0,
+         "train_seconds": 25.6 / 0.95, "sync_syncs_applied": 20, "sync_bytes_reduced": 2.1e8,
+         "sync_gap_mean": 5.0},
+    ]
+    m = sm.measure_testbed(rows, hosts=2)
+    assert m["none"].interleaved and m["none"].steps == 100
+    assert (m["none"].batch_size, m["S 5%"].batch_size) == (128, 128)
+    assert m["none"].wire_bytes_per_step == pytest.approx(8e8 / (2 * 100))
+    assert m["FR k=10"].round_bytes == pytest.approx(1e7)
+    assert math.isnan(m["S 5%"].round_bytes)  # its bytes hold the round cut off at its end
+    assert math.isnan(m["FR k=10"].comm_per_round_s)  # turns do not time allreduces
+    assert m["S 5%"].ratio == pytest.approx(0.95)
+    runs, turns = _job(), dataclasses.replace(_job(), interleaved=True)
+    fr = [sm.predict_testbed(sm.parse_testbed_arm("FR k=10"), j, TRUE) for j in (runs, turns)]
+    assert (fr[0].gap, fr[1].gap) == pytest.approx((9.1, 10.0))  # no first round at step 1
+    assert fr[0].ratio == fr[1].ratio  # 100 steps hold 10 rounds either way
+    s5 = [sm.predict_testbed(sm.parse_testbed_arm("S 5%"), j, TRUE) for j in (runs, turns)]
+    assert s5[1].gap == s5[1].steady_gap > s5[0].gap  # no first round, no stop round
+    assert s5[0].ratio == s5[1].ratio
+
+
 def test_fixed_rate_rounds_and_gap_follow_the_runner_schedule() -> None:
     assert [sm.fr_rounds(100, k) for k in (1, 2, 3, 10, 50, 200)] == [100, 50, 34, 10, 2, 1]
     k = sm.TestbedConstants(rho=0.0, delta=0.0, kappa=0.0)
@@ -474,7 +504,7 @@ def test_testbed_report_from_raw_files(tmp_path: Path) -> None:
     assert "the batch per rank (512)" in text
     assert "## 2 hosts, 200mbit: in sample" in text  # one 2-host link: nothing to hold out
     assert "## 4 hosts, 200mbit: other host count" in text
-    assert "| other host count | shadow | 4 |" in text
+    assert "| other host count | shadow | runs | 4 |" in text
     assert "No job with another host count" not in text
     with pytest.raises(ValueError, match="no 3-host job"):
         sm.testbed_rows(jobs, fit_hosts=3, links=LINKS)
