@@ -45,6 +45,12 @@ reference, in ours' place. Its ratio to the reference is what the measurement re
 identical loops (each repeat builds both models afresh), so its spread is the floor under
 any ratio of ours.
 
+``--phases`` (with ``--interleave``) also times, on the wall clock, each phase of our loop
+that carries a profiler label (``shadowsync.train.watch``, ``.metrics``, ``.control``, ...),
+per step of ours: where its own time goes, without the profiler's overhead per op (which
+inflates small ops several times over). Only ours is timed this way, so it adds two clock
+reads a phase to ours' side (microseconds a step).
+
 ``--profile DIR`` instead runs each loop once under ``torch.profiler`` and prints where the
 time of a step goes, by ``record_function`` label (the trainer's ``## shadowsync ... ##``
 phases and TorchRec's pipeline stages).
@@ -72,7 +78,7 @@ from torchrec.distributed.model_parallel import DefaultDataParallelWrapper
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 
 from shadowsync.datasets import build_dataset
-from shadowsync.pipelines import train
+from shadowsync.pipelines import train, trainer
 from shadowsync.pipelines.build import (
     DistEnv,
     build_optimizer,
@@ -118,6 +124,28 @@ def pipeline_time() -> Iterator[list[float]]:
         yield spent
     finally:
         TrainPipelineSparseDist.progress = progress
+
+
+@contextlib.contextmanager
+def phase_time() -> Iterator[dict[str, float]]:
+    """Wall seconds in each labelled phase of our loop while in the block: the trainer's
+    ``_phase`` (a profiler label while one records, else nothing) times its block instead."""
+    spent: dict[str, float] = collections.defaultdict(float)
+    label = trainer._phase
+
+    @contextlib.contextmanager
+    def timed(name: str) -> Iterator[None]:
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            spent[name] += time.perf_counter() - began
+
+    trainer._phase = timed
+    try:
+        yield spent
+    finally:
+        trainer._phase = label
 
 
 def reference(cfg: RunConfig, env: DistEnv) -> tuple[TrainPipelineSparseDist, Iterator[Any]]:
@@ -196,10 +224,12 @@ def run(arm: str, preset: str, steps: int, overrides: list[str], env: DistEnv,
 
 
 def interleaved(pair: tuple[str, str], preset: str, steps: int, block: int,
-                overrides: list[str], env: DistEnv) -> dict[str, dict[str, float]]:
+                overrides: list[str], env: DistEnv, phases: bool = False,
+                ) -> dict[str, dict[str, Any]]:
     """One job of ours with the reference's blocks between its steps (``--interleave``);
     per arm of ``pair`` (reference, ours), the figures of :func:`run`, and ours' wait for its
-    metrics compute before blocks (``wait_ms``, counted in ours' time)."""
+    metrics compute before blocks (``wait_ms``, counted in ours' time); with ``phases``, ours'
+    milliseconds a step in each labelled phase of its loop (``phase_ms``, :func:`phase_time`)."""
     if steps % block:
         raise ValueError(f"--steps {steps} is not a multiple of --interleave {block}")
     cfg = _config(preset, pair[0], steps, overrides)
@@ -241,13 +271,15 @@ def interleaved(pair: tuple[str, str], preset: str, steps: int, block: int,
     TrainPipelineSparseDist.progress = timed
     BatchedRecMetricModule.start_compute = recorded
     examples = steps * cfg.train.batch_size * env.world_size
+    in_phase: dict[str, float] = {}
     try:
         if pair[1] in AA:  # a second TorchRec loop in ours' place
             seconds = examples / reference_loop(_config(preset, pair[1], steps, overrides), env)
         else:
             dataset = build_dataset(cfg.data.name, **cfg.data.options)
             dist.barrier()
-            with contextlib.redirect_stdout(io.StringIO()):
+            with (contextlib.redirect_stdout(io.StringIO()),
+                  phase_time() if phases else contextlib.nullcontext({}) as in_phase):
                 summary = train.run(_config(preset, pair[1], steps, overrides), dataset)
             if summary["step"] != steps:
                 raise RuntimeError(f"our loop ran {summary['step']} steps, not {steps}")
@@ -262,7 +294,9 @@ def interleaved(pair: tuple[str, str], preset: str, steps: int, block: int,
                   * 1e3 / steps, "ms_per_step": spent["reference"] * 1e3 / steps},
         pair[1]: {"examples_per_s": examples / ours_s,
                   "own_ms_per_step": (ours_s - spent["ours inside"]) * 1e3 / steps,
-                  "ms_per_step": ours_s * 1e3 / steps, "wait_ms": spent["wait"] * 1e3},
+                  "ms_per_step": ours_s * 1e3 / steps, "wait_ms": spent["wait"] * 1e3,
+                  **({"phase_ms": {k: v * 1e3 / steps for k, v in in_phase.items()}}
+                     if phases else {})},
     }
 
 
@@ -286,6 +320,29 @@ def table(rows: list[dict[str, Any]]) -> str:
         lines.append(f"| {arm} | {statistics.median(m['examples_per_s'] for m in mine):,.0f} | "
                      f"{ratio} | {spread([m['own_ms_per_step'] for m in mine], 3)} | "
                      f"{share:.1%} |")
+    return "\n".join(lines)
+
+
+def phase_table(rows: list[dict[str, Any]]) -> str:
+    """Per arm of ours: milliseconds a step in each labelled phase (``--phases``), and what
+    of its own time no phase holds, median [min, max] over repeats."""
+    ours = [a for a in PAIRS if any(r["arm"] == a and r.get("phase_ms") for r in rows)]
+    labels = sorted({k for r in rows for k in r.get("phase_ms", {})})
+    lines = ["| phase (wall ms a step) | " + " | ".join(f"{a}" for a in ours) + " |",
+             "|---|" + "---:|" * len(ours)]
+
+    def cell(values: list[float]) -> str:
+        return (f"{statistics.median(values):.3f} [{min(values):.3f}, {max(values):.3f}]"
+                if values else "-")
+
+    for label in [*labels, "outside every phase"]:
+        cells = []
+        for arm in ours:
+            mine = [r for r in rows if r["arm"] == arm]
+            cells.append(cell([r["own_ms_per_step"] - sum(r["phase_ms"].values())
+                               if label == "outside every phase"
+                               else r["phase_ms"].get(label, 0.0) for r in mine]))
+        lines.append(f"| `{label}` | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -332,10 +389,12 @@ def main() -> int:
     parser.add_argument("--aa", action="store_true",
                         help="with --interleave, also run TorchRec's loop in ours' place "
                              "(A/A): the spread of a ratio between identical loops")
+    parser.add_argument("--phases", action="store_true",
+                        help="with --interleave, also time each labelled phase of our loop")
     parser.add_argument("overrides", nargs="*", help="overrides for every arm")
     args = parser.parse_args()
-    if args.aa and not args.interleave:
-        parser.error("--aa needs --interleave")
+    if (args.aa or args.phases) and not args.interleave:
+        parser.error("--aa and --phases need --interleave")
     logging.basicConfig(level=logging.WARNING, force=True)
     env = init_distributed(300.0)
     if args.profile:
@@ -351,7 +410,8 @@ def main() -> int:
             pairs = [(p[a], a) for p in (PAIRS, AA if args.aa else {}) for a in p]
             pairs = pairs[::-1 if rep % 2 else 1]
             runs = [arm_row for pair in pairs for arm_row in interleaved(
-                pair, args.config, args.steps, args.interleave, args.overrides, env).items()]
+                pair, args.config, args.steps, args.interleave, args.overrides, env,
+                args.phases).items()]
         else:
             runs = [(arm, run(arm, args.config, args.steps, args.overrides, env))
                     for arm in order(rep)]
@@ -366,6 +426,8 @@ def main() -> int:
         print(f"\n{env.world_size} ranks on {env.device}, config {args.config} "
               f"{' '.join(args.overrides)}; {args.steps} steps, {args.repeats} repeats\n")
         print(table(rows))
+        if args.phases:
+            print("\n" + phase_table(rows))
         if args.json:
             args.json.write_text(json.dumps(rows, indent=1))
     dist.destroy_process_group()

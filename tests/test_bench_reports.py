@@ -47,6 +47,19 @@ def test_ratio_spread_pairs_each_run_with_nones_run_and_goals_use_it() -> None:
     assert "0.990" in line and line.endswith("NOT met."), line  # the median clears, a run not
 
 
+def test_loop_phase_table_shows_each_phase_and_what_no_phase_holds() -> None:
+    bench = _load("bench_loop")
+    rows = [{"arm": "ours none", "repeat": r, "own_ms_per_step": own,
+             "phase_ms": {"shadowsync.train.watch": w, "shadowsync.train.control": 0.05}}
+            for r, (own, w) in enumerate([(0.40, 0.15), (0.30, 0.10), (0.35, 0.20)])]
+    rows.append({"arm": "reference local", "repeat": 0, "own_ms_per_step": 0.01})
+    text = bench.phase_table(rows)
+    assert "| phase (wall ms a step) | ours none |" in text  # no column for arms without
+    assert "| `shadowsync.train.watch` | 0.150 [0.100, 0.200] |" in text
+    # own time less the phases: 0.20, 0.15, 0.10
+    assert "| `outside every phase` | 0.150 [0.100, 0.200] |" in text
+
+
 def test_verdicts_call_a_difference_only_beyond_three_sd() -> None:
     bench, paper = _load("bench_sync"), _load("paper")
     ne = {"none": [0.900, 0.902, 0.898], "ddp": [0.840, 0.842, 0.838],
@@ -113,7 +126,7 @@ def _interleaved_pair(rank: int, world_size: int) -> dict[str, Any]:
     TrainPipelineSparseDist.progress = spy
     try:
         by_arm = bench.interleaved(("reference local", "ours none"), "synthetic", 40, 10,
-                                   [*SMALL[2:], "train.log_every=10"], env)
+                                   [*SMALL[2:], "train.log_every=10"], env, phases=True)
         runs = [len(list(g)) for _, g in itertools.groupby(order)]
         pipelines = len(set(order))
         order.clear()
@@ -138,6 +151,14 @@ def test_interleaved_pair_times_each_loop_apart() -> None:
         assert 0 <= ours["own_ms_per_step"] < ours["ms_per_step"], ours
         assert 0 <= ref["own_ms_per_step"] < ref["ms_per_step"], ref
         assert ours["wait_ms"] >= 0
+        # --phases: each labelled phase of ours ran every step (log: every 10th) outside
+        # TorchRec's pipeline, so together they fit in ours' own time; the reference has none
+        phases = ours["phase_ms"]
+        assert {"shadowsync.train.watch", "shadowsync.train.metrics", "shadowsync.train.log",
+                "shadowsync.train.control"} <= set(phases), phases
+        assert all(v > 0 for v in phases.values()), phases
+        assert sum(phases.values()) <= ours["own_ms_per_step"], (phases, ours)
+        assert "phase_ms" not in ref
         # A/A: TorchRec's loop in ours' place takes the same turns (its last call finds no
         # batch too), timed the same way
         assert result["aa runs"] == result["runs"], result["aa runs"]
