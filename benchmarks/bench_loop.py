@@ -328,7 +328,7 @@ def phase_table(rows: list[dict[str, Any]]) -> str:
     of its own time no phase holds, median [min, max] over repeats."""
     ours = [a for a in PAIRS if any(r["arm"] == a and r.get("phase_ms") for r in rows)]
     labels = sorted({k for r in rows for k in r.get("phase_ms", {})})
-    lines = ["| phase (wall ms a step) | " + " | ".join(f"{a}" for a in ours) + " |",
+    lines = ["| phase (wall ms a step) | " + " | ".join(ours) + " |",
              "|---|" + "---:|" * len(ours)]
 
     def cell(values: list[float]) -> str:
