@@ -86,7 +86,7 @@ from shadowsync.pipelines.build import (
     init_distributed,
 )
 from shadowsync.pipelines.config import RunConfig, load_config
-from shadowsync.pipelines.trainer import BatchedRecMetricModule
+from shadowsync.pipelines.metrics import TrainingMetrics
 from shadowsync.sync.wrapper import LocalReplicas
 
 PAIRS = {"ours ddp": "reference ddp", "ours none": "reference local"}
@@ -235,12 +235,12 @@ def interleaved(pair: tuple[str, str], preset: str, steps: int, block: int,
     cfg = _config(preset, pair[0], steps, overrides)
     ref_pipeline, ref_batches = reference(cfg, env)
     progress = TrainPipelineSparseDist.progress
-    start_compute = BatchedRecMetricModule.start_compute
+    start_compute = TrainingMetrics.start_compute
     computing: list[Any] = []
     calls = [0]
     spent = {"reference": 0.0, "reference inside": 0.0, "ours inside": 0.0, "wait": 0.0}
 
-    def recorded(self: BatchedRecMetricModule) -> Any:
+    def recorded(self: TrainingMetrics) -> Any:
         computing[:] = [start_compute(self)]
         return computing[0]
 
@@ -269,7 +269,7 @@ def interleaved(pair: tuple[str, str], preset: str, steps: int, block: int,
             spent["ours inside"] += time.perf_counter() - began
 
     TrainPipelineSparseDist.progress = timed
-    BatchedRecMetricModule.start_compute = recorded
+    TrainingMetrics.start_compute = recorded
     examples = steps * cfg.train.batch_size * env.world_size
     in_phase: dict[str, float] = {}
     try:
@@ -286,7 +286,7 @@ def interleaved(pair: tuple[str, str], preset: str, steps: int, block: int,
             seconds = summary["train_seconds"]
     finally:
         TrainPipelineSparseDist.progress = progress
-        BatchedRecMetricModule.start_compute = start_compute
+        TrainingMetrics.start_compute = start_compute
     ours_s = seconds - spent["reference"]
     return {
         pair[0]: {"examples_per_s": examples / spent["reference"],

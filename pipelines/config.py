@@ -146,7 +146,8 @@ class CheckpointConfig:
 
 @dataclass
 class LoggingConfig:
-    """Training metrics (TorchRec's ``RecMetricModule``) over a window of recent examples."""
+    """Training records' NE, AUC and calibration over a window of the ``window_examples`` most
+    recent examples of all ranks (:class:`~shadowsync.pipelines.metrics.TrainingMetrics`)."""
 
     window_examples: int = 100_000
     progress_bar: bool = True

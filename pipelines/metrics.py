@@ -7,7 +7,10 @@ lessons from predicting clicks on ads at Facebook", ADKDD 2014).
 
 from __future__ import annotations
 
+import collections
 import math
+import threading
+from concurrent.futures import Future
 
 import torch
 import torch.distributed as dist
@@ -23,7 +26,7 @@ def binary_metrics(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, floa
     labels = labels.double()
     logloss = float(F.binary_cross_entropy_with_logits(logits, labels))
     ctr = float(labels.mean())
-    base = -(ctr * math.log(ctr) + (1 - ctr) * math.log(1 - ctr)) if 0 < ctr < 1 else float("nan")
+    base = _entropy(ctr)
     return {
         "auc": float(binary_auroc(logits, labels.long())),
         "logloss": logloss,
@@ -32,6 +35,11 @@ def binary_metrics(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, floa
         "ctr": ctr,
         "examples": float(labels.numel()),
     }
+
+
+def _entropy(ctr: float) -> float:
+    """The entropy of a click rate in nats: NE's denominator (NaN when one class is absent)."""
+    return -(ctr * math.log(ctr) + (1 - ctr) * math.log(1 - ctr)) if 0 < ctr < 1 else math.nan
 
 
 def gather_metrics(
@@ -54,3 +62,139 @@ def gather_metrics(
     pairs = [p[:, : int(s)] for p, s in zip(parts, sizes, strict=True)]
     merged = torch.cat(pairs, dim=1).cpu()
     return binary_metrics(merged[0], merged[1])
+
+
+class TrainingMetrics:
+    """The metrics of training records: NE, AUC and calibration over a window of recent
+    examples (each rank's last ``ceil(window_examples / world_size)``), and NE over every
+    example so far, computed exactly in the background.
+
+    TorchRec's ``RecMetricModule`` (which this replaced) reduces each of its 15 metric states
+    separately through torchmetrics, a barrier and two all_gathers each: 45 collectives a
+    record, which on CPU ranks spread each record's compute over many times its own CPU time,
+    competing with training the whole while. Here a compute is two collectives on a group of
+    its own: the ranks' counts and run-long sums (one all_gather), then their windows to rank
+    0 (one gather), where :func:`binary_metrics` computes the window's metrics in float64;
+    other ranks get ``{}``, as from TorchRec's module.
+
+    A step costs one list append (:meth:`add`); every ``flush_every`` batches the kept ones are
+    folded into the run-long sums and the window in one go. A compute (:meth:`start_compute`)
+    reads a snapshot of the window (its tensors are never written in place), so training goes
+    on meanwhile and later batches never wait for it.
+
+    Args:
+        window_examples: examples in the window, over all ranks.
+        rank: this rank in ``group``.
+        world_size: ranks in ``group``.
+        group: the process group the computes use (nothing else should).
+        flush_every: batches kept before they are folded in.
+
+    Example::
+
+        metrics = TrainingMetrics(100_000, rank, world, dist.new_group(backend="gloo"))
+        metrics.add(logits, labels)  # every step
+        future = metrics.start_compute()  # every rank, at the same step
+        record = future.result()  # {"ne": ..., "lifetime_ne": ..., "auc": ..., ...} on rank 0
+    """
+
+    KEYS = ("ne", "lifetime_ne", "auc", "calibration")
+
+    def __init__(self, window_examples: int, rank: int, world_size: int,
+                 group: dist.ProcessGroup | None = None, flush_every: int = 64) -> None:
+        if window_examples <= 0 or flush_every <= 0:
+            raise ValueError(f"window_examples and flush_every must be positive, got "
+                             f"{window_examples} and {flush_every}")
+        self.local_window = math.ceil(window_examples / world_size)
+        self.rank = rank
+        self.group = group
+        self.flush_every = flush_every
+        self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
+        # Each rank's window: (logits, labels) chunks, oldest first, local_window examples.
+        self._window: collections.deque[tuple[torch.Tensor, torch.Tensor]] = collections.deque()
+        self._in_window = 0
+        # Over the whole run: log loss summed, clicks, examples.
+        self._sums = [0.0, 0.0, 0.0]
+        self._computing: Future[dict[str, float]] | None = None
+
+    def add(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
+        """One training batch's logits and labels (kept as they are: never modify them)."""
+        self._pending.append((logits.detach(), labels))
+        if len(self._pending) >= self.flush_every:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Folds the kept batches into the run-long sums and the window."""
+        if not self._pending:
+            return
+        logits = torch.cat([lg for lg, _ in self._pending]).float()
+        labels = torch.cat([lb for _, lb in self._pending]).float()
+        self._pending.clear()
+        self._sums[0] += float(F.binary_cross_entropy_with_logits(
+            logits.double(), labels.double(), reduction="sum"))
+        self._sums[1] += float(labels.double().sum())
+        self._sums[2] += labels.numel()
+        self._window.append((logits, labels))
+        self._in_window += labels.numel()
+        while self._in_window - self._window[0][1].numel() >= self.local_window:
+            self._in_window -= self._window.popleft()[1].numel()
+        extra = self._in_window - self.local_window
+        if extra > 0:  # the oldest chunk straddles the window's start
+            lg, lb = self._window[0]
+            self._window[0] = (lg[extra:], lb[extra:])
+            self._in_window -= extra
+
+    def computing(self) -> bool:
+        """Whether a compute started by :meth:`start_compute` is still running."""
+        return self._computing is not None and not self._computing.done()
+
+    def start_compute(self) -> Future[dict[str, float]]:
+        """Collective: the metrics over every batch added so far, computed in a thread (after
+        any compute still running, whose failure is raised here). Every rank calls it at the
+        same step."""
+        if self._computing is not None:
+            self._computing.result()
+        self._flush()
+        window, sums = list(self._window), list(self._sums)
+        future: Future[dict[str, float]] = Future()
+
+        def main() -> None:
+            try:
+                future.set_result(self._reduce(window, sums))
+            except BaseException as e:  # handed to whoever reads the result
+                future.set_exception(e)
+
+        # A daemon: a compute stuck on a peer that died must not keep this process alive.
+        threading.Thread(target=main, name="shadowsync-metrics", daemon=True).start()
+        self._computing = future
+        return future
+
+    def compute(self) -> dict[str, float]:
+        """Collective: :meth:`start_compute`, waited for."""
+        return self.start_compute().result()
+
+    def _reduce(self, window: list[tuple[torch.Tensor, torch.Tensor]],
+                sums: list[float]) -> dict[str, float]:
+        """Collective on :attr:`group`: the metrics of every rank's ``window`` and ``sums``."""
+        logits = torch.cat([lg for lg, _ in window]) if window else torch.zeros(0)
+        labels = torch.cat([lb for _, lb in window]) if window else torch.zeros(0)
+        if not dist.is_initialized():
+            counts = [(logits.numel(), *sums)]
+            parts = [torch.stack([logits, labels])]
+        else:
+            world = dist.get_world_size(self.group)
+            mine = torch.tensor([logits.numel(), *sums], dtype=torch.float64)
+            every = [torch.empty_like(mine) for _ in range(world)]
+            dist.all_gather(every, mine, group=self.group)
+            counts = [tuple(row.tolist()) for row in every]
+            both = torch.zeros(2, int(max(c[0] for c in counts)))
+            both[0, : logits.numel()] = logits
+            both[1, : labels.numel()] = labels
+            parts = [torch.empty_like(both) for _ in range(world)] if self.rank == 0 else []
+            dist.gather(both, parts or None, group=self.group, group_dst=0)
+        if self.rank != 0:
+            return {}
+        merged = torch.cat([p[:, : int(c[0])] for p, c in zip(parts, counts, strict=True)], 1)
+        got = binary_metrics(merged[0], merged[1])
+        loss, clicks, examples = (sum(c[i] for c in counts) for i in (1, 2, 3))
+        return {"ne": got["ne"], "lifetime_ne": loss / examples / _entropy(clicks / examples),
+                "auc": got["auc"], "calibration": got["calibration"]}

@@ -7,7 +7,7 @@ Each argument is a run's ``output_dir`` (its ``metrics.jsonl``) or the file itse
 ``LABEL=PATH``; otherwise the legend shows the shortest part of the path that tells the runs
 apart. ``--x examples`` (steps times the examples a step takes) compares runs of different batch
 sizes or world sizes, ``--x time`` the wall time since a run's first record. Training curves are
-TorchRec's windowed metrics, eval points the exact metrics over the eval split. Non-finite
+the records' windowed metrics, eval points the exact metrics over the eval split. Non-finite
 values are left out of the curves, and a dotted line marks a run's first one, at the step the
 legend names.
 """

@@ -10,7 +10,6 @@ import json
 import logging
 import math
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -23,13 +22,6 @@ import torch.distributed as dist
 from torch.profiler import record_function
 from torchrec.datasets.utils import Batch
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
-from torchrec.metrics.metric_module import RecMetricModule, generate_metric_module
-from torchrec.metrics.metrics_config import (
-    MetricsConfig,
-    RecMetricDef,
-    RecMetricEnum,
-    RecTaskInfo,
-)
 from tqdm import tqdm
 
 from shadowsync.datasets import RecDataset
@@ -42,7 +34,7 @@ from shadowsync.pipelines.build import (
 from shadowsync.pipelines.collector import StepCollector
 from shadowsync.pipelines.config import RunConfig, dump_config
 from shadowsync.pipelines.console import ConsoleLog, planned_steps
-from shadowsync.pipelines.metrics import gather_metrics
+from shadowsync.pipelines.metrics import TrainingMetrics, gather_metrics
 from shadowsync.pipelines.position import DataPosition
 from shadowsync.sync.runner import SyncError
 from shadowsync.sync.wrapper import (
@@ -55,133 +47,11 @@ from shadowsync.sync.wrapper import (
 logger = logging.getLogger("shadowsync.train")
 
 
-_TASK = RecTaskInfo(name="ctr", label_name="label", prediction_name="prediction",
-                    weight_name="weight")
-
-
-# TorchRec's metric keys, and the names a training record gives them.
-_RECORD_METRICS = {
-    "ne-ctr|window_ne": "ne",
-    "ne-ctr|lifetime_ne": "lifetime_ne",
-    "auc-ctr|window_auc": "auc",
-    "calibration-ctr|window_calibration": "calibration",
-}
-
-
 def _phase(name: str) -> contextlib.AbstractContextManager[object]:
     """``record_function(name)`` while a profiler records, else nothing: entering a label
     dispatches an op even when no profiler is on, and this loop enters several a step, a
     measurable share of a small CPU step (``benchmarks/bench_loop.py``)."""
     return record_function(name) if torch.autograd._profiler_enabled() else contextlib.nullcontext()
-
-
-class BatchedRecMetricModule(RecMetricModule):
-    """TorchRec's metric module, fed every ``flush_every`` steps instead of every step, and
-    computed in the background.
-
-    Each update of NE, AUC and calibration costs a few dozen small tensor ops and the window's
-    bookkeeping whatever the batch size, a measurable share of a CPU step; so :meth:`add` only
-    keeps a batch's logits and labels, and every ``flush_every`` batches one ``update()`` gets
-    all of them. TorchRec's own ``fused_update_limit`` does the same per metric, but still
-    parses and dispatches every batch to every metric: several times the per-step cost of
-    this list append (measured with ``benchmarks/bench_loop.py``). :meth:`compute` flushes
-    first, so every metric covers every example up to the current step; the window then
-    moves in chunks of ``flush_every`` batches rather than one.
-
-    A ``compute()`` costs far more than an update (AUC sorts the window; torchmetrics gathers
-    each state with a barrier and two allgathers), so :meth:`start_compute` runs it in a thread
-    of its own, on the module's own process group (``process_group``, which nothing else
-    uses): training goes on meanwhile, and :meth:`add` keeps batches back until it is done, so
-    the result is exactly that of a ``compute()`` at the step it was started. TorchRec's
-    ``async_compute`` is not implemented for ``RecMetricModule``.
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.flush_every = 1
-        self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self._computing: Future[dict[str, Any]] | None = None
-
-    def add(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
-        """One training batch's logits and labels."""
-        self._pending.append((logits.detach(), labels))
-        if len(self._pending) >= self.flush_every and not self.computing():
-            self._flush()
-
-    def computing(self) -> bool:
-        """Whether a compute started by :meth:`start_compute` is still running."""
-        return self._computing is not None and not self._computing.done()
-
-    def _flush(self) -> None:
-        """Hands every kept batch to the metrics in one update (never while computing)."""
-        if self._pending:
-            logits = torch.cat([lg for lg, _ in self._pending])
-            labels = torch.cat([lb for _, lb in self._pending])
-            self._pending.clear()
-            self.update({"prediction": torch.sigmoid(logits), "label": labels,
-                         "weight": torch.ones_like(labels)})
-
-    def _settle(self) -> None:
-        """Waits for the background compute, if any (raising what it raised, so that a
-        failure nobody read is not lost), and feeds the batches held back."""
-        computing, self._computing = self._computing, None
-        if computing is not None:
-            computing.result()
-        self._flush()
-
-    def start_compute(self) -> Future[dict[str, Any]]:
-        """Collective: :meth:`compute` in a background thread, over every batch added so far
-        (after any compute still running). Every rank must call it at the same step."""
-        self._settle()
-        future: Future[dict[str, Any]] = Future()
-
-        compute = super().compute
-
-        def main() -> None:
-            try:
-                future.set_result(compute())
-            except BaseException as e:  # handed to whoever reads the result
-                future.set_exception(e)
-
-        # A daemon: a compute stuck on a peer that died must not keep this process alive.
-        threading.Thread(target=main, name="shadowsync-metrics", daemon=True).start()
-        self._computing = future
-        return future
-
-    def compute(self) -> dict[str, Any]:
-        self._settle()
-        return super().compute()
-
-
-def train_metric_module(cfg: RunConfig, env: DistEnv,
-                        process_group: dist.ProcessGroup | None = None) -> BatchedRecMetricModule:
-    """TorchRec's metric module: NE, AUC and calibration over a window of recent examples, NE
-    and calibration over the whole run; ``compute()`` reduces over all ranks of
-    ``process_group`` (default: the default group).
-
-    Updates go in chunks of up to 64 batches, half the window at most. The training loop
-    counts examples and time itself rather than through TorchRec's throughput metric, whose
-    per-step update costs tensor arithmetic for two numbers per record.
-    """
-    window = cfg.logging.window_examples
-    metrics = {
-        m: RecMetricDef(rec_tasks=[_TASK], window_size=window)
-        for m in (RecMetricEnum.NE, RecMetricEnum.AUC, RecMetricEnum.CALIBRATION)
-    }
-    module = generate_metric_module(
-        BatchedRecMetricModule,
-        MetricsConfig(rec_tasks=[_TASK], rec_metrics=metrics, state_metrics=[]),
-        batch_size=cfg.train.batch_size,
-        world_size=env.world_size,
-        my_rank=env.rank,
-        state_metrics_mapping={},
-        device=env.device,
-        process_group=process_group,
-    )
-    assert isinstance(module, BatchedRecMetricModule)
-    local_window = math.ceil(window / env.world_size)
-    module.flush_every = max(1, min(64, local_window // (2 * cfg.train.batch_size)))
-    return module
 
 
 class Trainer:
@@ -193,8 +63,9 @@ class Trainer:
     model), and ``finish`` at the end.
 
     Every ``train.log_every`` steps a training record (loss, examples/s, the synchronizer's
-    counters, TorchRec's windowed NE, AUC and calibration) is started; its metrics reduce over
-    the ranks in the background (:class:`BatchedRecMetricModule`) and the record is logged as
+    counters, NE, AUC and calibration over a window of recent examples, NE over the run) is
+    started; its metrics reduce over the ranks in the background
+    (:class:`~.metrics.TrainingMetrics`) and the record is logged as
     soon as they are done, or before the next record of any kind, so records stay in order.
 
     Every ``train.control_every_steps`` steps the ranks agree (:class:`~.faults.Control`) on
@@ -239,9 +110,10 @@ class Trainer:
         # where NCCL beside the training loop's communicator is not safe.
         self._metrics_group = dist.new_group(
             backend="gloo", timeout=timedelta(seconds=cfg.train.pg_timeout_s))
-        self.metrics = train_metric_module(cfg, env, self._metrics_group)
+        self.metrics = TrainingMetrics(cfg.logging.window_examples, env.rank, env.world_size,
+                                       self._metrics_group)
         # The training record whose metrics are being computed in the background.
-        self._record_pending: tuple[dict[str, Any], Future[dict[str, Any]]] | None = None
+        self._record_pending: tuple[dict[str, Any], Future[dict[str, float]]] | None = None
         self.console = ConsoleLog(planned_steps(cfg.train.steps, cfg.train.epochs, dataset,
                                                 cfg.train.batch_size, env.world_size))
         self.position = DataPosition()
@@ -292,10 +164,10 @@ class Trainer:
                     f.write(json.dumps({**record, "time": round(time.time(), 3)}) + "\n")
 
     def _start_train_record(self, loss: float) -> None:
-        """Collective: the training record of this step. TorchRec's metric module reduces its
-        state over all ranks in the background (:meth:`BatchedRecMetricModule.start_compute`)
-        and :meth:`_finish_train_record` logs the record once that is done. Examples/s is
-        over the steps since the previous record, ``examples`` counts from step 0."""
+        """Collective: the training record of this step. Its metrics reduce over all ranks in
+        the background (:meth:`~.metrics.TrainingMetrics.start_compute`) and
+        :meth:`_finish_train_record` logs the record once that is done. Examples/s is over the
+        steps since the previous record, ``examples`` counts from step 0."""
         self._finish_train_record()
         computing = self.metrics.start_compute()
         per_step = self.cfg.train.batch_size * self.env.world_size
@@ -317,8 +189,7 @@ class Trainer:
             return None
         (record, computing), self._record_pending = self._record_pending, None
         computed = computing.result()
-        record = {**record, **{short: float(computed[k]) for k, short in _RECORD_METRICS.items()
-                               if k in computed}}
+        record = {**record, **computed}
         self._log(record)
         return record
 

@@ -1,5 +1,5 @@
 """Metrics equal a direct float64 computation of NE, AUC and calibration on the same predictions,
-whether computed locally, gathered over ranks, or by TorchRec's metric module."""
+whether computed locally, gathered over ranks, or by the training records' windowed metrics."""
 
 from __future__ import annotations
 
@@ -44,29 +44,30 @@ def test_binary_metrics_match_float64_reference() -> None:
     assert got["examples"] == 600
 
 
-def _ranks(rank: int, world_size: int) -> dict[str, Any]:
-    from torchrec.metrics.metric_module import RecMetricModule, generate_metric_module
-    from torchrec.metrics.metrics_config import MetricsConfig, RecMetricDef, RecMetricEnum
+def _batches(seed: int, n: int, size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``n`` examples of :func:`_sample` in batches of ``size`` (the last one shorter)."""
+    logits, labels = _sample(seed, n)
+    return list(zip(logits.split(size), labels.split(size), strict=True))
 
-    from shadowsync.pipelines.trainer import _TASK
+
+def _cat(batches: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches])
+
+
+def _ranks(rank: int, world_size: int) -> dict[str, Any]:
+    from shadowsync.pipelines.metrics import TrainingMetrics
 
     logits, labels = _sample(10 + rank, 300 + 57 * rank)  # unequal shares
     gathered = gather_metrics(logits, labels)
-    module = generate_metric_module(
-        RecMetricModule,
-        MetricsConfig(rec_tasks=[_TASK], rec_metrics={
-            RecMetricEnum.NE: RecMetricDef(rec_tasks=[_TASK], window_size=10_000)}),
-        batch_size=len(labels), world_size=world_size, my_rank=rank, state_metrics_mapping={},
-        device=torch.device("cpu"),
-    )
-    module.update({"prediction": torch.sigmoid(logits), "label": labels,
-                   "weight": torch.ones_like(labels)})
-    computed = module.compute()  # collective; the result lands on rank 0
-    torchrec_ne = float(computed["ne-ctr|lifetime_ne"]) if rank == 0 else None
-    return {"gathered": gathered, "torchrec_ne": torchrec_ne}
+    # A window of 150 examples a rank; batches of 40, folded in every 3 batches (chunks of
+    # 120), so the window's oldest chunk is cut part-way.
+    metrics = TrainingMetrics(300, rank, world_size, flush_every=3)
+    for lg, lb in zip(logits.split(40), labels.split(40), strict=True):
+        metrics.add(lg, lb)
+    return {"gathered": gathered, "windowed": metrics.compute()}
 
 
-def test_gathered_and_torchrec_metrics_equal_direct_computation_over_all_ranks() -> None:
+def test_gathered_and_windowed_metrics_equal_direct_computation_over_all_ranks() -> None:
     results = run_ranks(_ranks, timeout_s=120)
     parts = [_sample(10 + r, 300 + 57 * r) for r in range(2)]
     ref = _reference(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
@@ -74,114 +75,91 @@ def test_gathered_and_torchrec_metrics_equal_direct_computation_over_all_ranks()
         assert r["gathered"]["examples"] == 657
         for key, value in ref.items():
             assert abs(r["gathered"][key] - value) < 1e-6, key
-    assert abs(results[0]["torchrec_ne"] - ref["ne"]) < 1e-4  # TorchRec reduces in float32
+    # The window: each rank's last 150 examples; the run-long NE: every example.
+    window = _reference(torch.cat([p[0][-150:] for p in parts]),
+                        torch.cat([p[1][-150:] for p in parts]))
+    windowed = results[0]["windowed"]
+    assert set(windowed) == {"ne", "lifetime_ne", "auc", "calibration"}
+    for key in ("ne", "auc", "calibration"):
+        assert abs(windowed[key] - window[key]) < 1e-6, (key, windowed[key], window[key])
+    assert abs(windowed["lifetime_ne"] - ref["ne"]) < 1e-6
+    assert abs(window["ne"] - ref["ne"]) > 1e-3  # the window is not the whole run
+    assert results[1]["windowed"] == {}  # computed on rank 0, as TorchRec's module does
 
 
-def test_trainer_feeds_torchrecs_metrics_in_chunks_without_changing_them() -> None:
-    """The trainer's metric module feeds TorchRec's metrics in chunks (cheaper per step); computed
-    at any step, every metric equals TorchRec's module fed batch by batch, and a float64
-    reference over every example so far (the window covering all of them)."""
-    import torch.distributed as dist
-    from torchrec.metrics.metric_module import RecMetricModule, generate_metric_module
-    from torchrec.metrics.metrics_config import MetricsConfig, RecMetricDef, RecMetricEnum
+def test_training_metrics_slide_their_window_exactly_and_refuse_bad_arguments() -> None:
+    """Computed at any step, the window is the last ``window_examples`` examples (however the
+    batches fell into chunks, the window smaller than a chunk included) and the run-long NE
+    covers every example, against float64 references."""
+    from shadowsync.pipelines.metrics import TrainingMetrics
 
-    from shadowsync.pipelines.build import DistEnv
-    from shadowsync.pipelines.config import load_config
-    from shadowsync.pipelines.trainer import _TASK, train_metric_module
-
-    cfg = load_config("movielens_1m", ["train.batch_size=64", "logging.window_examples=2560"])
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        cpu = torch.device("cpu")
-        chunked = train_metric_module(cfg, DistEnv(0, 1, 0, cpu, "gloo"))
-        assert chunked.flush_every == 2560 // (2 * 64)  # half the window
-        stock = generate_metric_module(
-            RecMetricModule,
-            MetricsConfig(rec_tasks=[_TASK], rec_metrics={
-                m: RecMetricDef(rec_tasks=[_TASK], window_size=2560)
-                for m in (RecMetricEnum.NE, RecMetricEnum.AUC, RecMetricEnum.CALIBRATION)}),
-            batch_size=64, world_size=1, my_rank=0, state_metrics_mapping={},
-            device=cpu)
-        # Not a multiple of 20 batches; no ties (TorchRec's AUC does not count them half).
-        batches = [(logits + 1e-3 * torch.arange(64), labels)
-                   for logits, labels in (_sample(100 + i, 64) for i in range(33))]
-        for logits, labels in batches:
-            chunked.add(logits, labels)
-            stock.update({"prediction": torch.sigmoid(logits), "label": labels,
-                          "weight": torch.ones_like(labels)})
-        assert len(chunked._pending) == 33 - 20  # buffered since the last flush
-        got, want = chunked.compute(), stock.compute()
-    finally:
-        dist.destroy_process_group()
-    ref = _reference(torch.cat([b[0] for b in batches]), torch.cat([b[1] for b in batches]))
-    for key, value in {"ne-ctr|lifetime_ne": ref["ne"], "ne-ctr|window_ne": ref["ne"],
-                       "auc-ctr|window_auc": ref["auc"],
-                       "calibration-ctr|window_calibration": ref["calibration"]}.items():
-        assert abs(float(got[key]) - float(want[key])) < 1e-5, (key, got[key], want[key])
-        assert abs(float(got[key]) - value) < 1e-4, (key, float(got[key]), value)
+    batches = _batches(100, 33 * 64 + 17, 64)  # the last batch short
+    for window, flush_every in ((2560, 20), (100, 4), (5000, 1)):
+        metrics = TrainingMetrics(window, 0, 1, flush_every=flush_every)
+        done = 0
+        for upto in (7, 20, len(batches)):  # computed at three steps of one run
+            for lg, lb in batches[done:upto]:
+                metrics.add(lg, lb)
+            done = upto
+            got = metrics.compute()
+            logits, labels = _cat(batches[:upto])
+            ref, last = _reference(logits, labels), _reference(logits[-window:], labels[-window:])
+            for key in ("ne", "auc", "calibration"):
+                assert abs(got[key] - last[key]) < 1e-6, (window, upto, key)
+            assert abs(got["lifetime_ne"] - ref["ne"]) < 1e-6, (window, upto)
+    for bad in ({"window_examples": 0}, {"flush_every": 0}):
+        try:
+            TrainingMetrics(**{"window_examples": 10, "rank": 0, "world_size": 1, **bad})
+            raise AssertionError(f"accepted {bad}")
+        except ValueError as e:
+            assert "must be positive" in str(e)
 
 
-def test_background_compute_is_the_compute_of_its_step_and_holds_later_batches_back(
+def test_background_compute_is_the_compute_of_its_step_while_training_goes_on(
         monkeypatch: Any) -> None:
-    """``start_compute`` runs TorchRec's reduction in a thread while training goes on: its result
-    covers exactly the batches added before it started (a float64 reference over them), the
-    batches added meanwhile are held back from TorchRec's state (updating it under a running
-    compute would race) and reach it once the compute is done; a failure of the background
-    compute is raised to whoever reads it."""
+    """``start_compute`` computes in a thread while training goes on: its result covers exactly
+    the batches added before it started (a float64 reference over them) even when later
+    batches are folded in meanwhile; they count in the next compute; a failure of the
+    background compute is raised to whoever reads it, and by the next ``start_compute``."""
     import threading
 
-    import torch.distributed as dist
-    from torchrec.metrics.metric_module import RecMetricModule
+    from shadowsync.pipelines.metrics import TrainingMetrics
 
-    from shadowsync.pipelines.build import DistEnv
-    from shadowsync.pipelines.config import load_config
-    from shadowsync.pipelines.trainer import train_metric_module
-
-    cfg = load_config("movielens_1m", ["train.batch_size=64", "logging.window_examples=12800"])
-    batches = [(logits + 1e-3 * torch.arange(64), labels)
-               for logits, labels in (_sample(200 + i, 64) for i in range(30))]
+    batches = _batches(200, 30 * 64, 64)
     release = threading.Event()
-    stock_compute = RecMetricModule.compute
+    stock_reduce = TrainingMetrics._reduce
 
-    def held(self: RecMetricModule) -> Any:
+    def held(self: TrainingMetrics, *args: Any) -> dict[str, float]:
         assert release.wait(60), "the test never released the compute"
-        return stock_compute(self)
+        return stock_reduce(self, *args)
 
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        module = train_metric_module(cfg, DistEnv(0, 1, 0, torch.device("cpu"), "gloo"),
-                                     dist.new_group(backend="gloo"))
-        assert module.flush_every == 64  # 12,800 // (2 * 64) = 100, at most 64
-        module.flush_every = 4
-        for logits, labels in batches[:10]:
-            module.add(logits, labels)
-        monkeypatch.setattr(RecMetricModule, "compute", held)
-        first = module.start_compute()
-        for logits, labels in batches[10:]:  # more than flush_every: all held back
-            module.add(logits, labels)
-        assert module.computing() and len(module._pending) == 20
-        release.set()
-        got = first.result(timeout=60)
-        assert not module.computing()
-        monkeypatch.setattr(RecMetricModule, "compute", stock_compute)
-        total = module.compute()  # feeds the held-back batches first
+    metrics = TrainingMetrics(12_800, 0, 1, flush_every=4)
+    for lg, lb in batches[:10]:
+        metrics.add(lg, lb)
+    monkeypatch.setattr(TrainingMetrics, "_reduce", held)
+    first = metrics.start_compute()
+    for lg, lb in batches[10:]:  # five flushes while it runs
+        metrics.add(lg, lb)
+    assert metrics.computing() and len(metrics._window) > 1
+    release.set()
+    got = first.result(timeout=60)
+    assert not metrics.computing()
+    monkeypatch.setattr(TrainingMetrics, "_reduce", stock_reduce)
+    total = metrics.compute()
+    for computed, upto in ((got, 10), (total, 30)):
+        ref = _reference(*_cat(batches[:upto]))
+        for key in ("ne", "lifetime_ne", "auc", "calibration"):
+            want = ref["ne"] if key == "lifetime_ne" else ref[key]
+            assert abs(computed[key] - want) < 1e-6, (upto, key, computed[key])
 
-        def boom(self: RecMetricModule) -> Any:
-            raise RuntimeError("peer gone")
+    def boom(self: TrainingMetrics, *args: Any) -> dict[str, float]:
+        raise RuntimeError("peer gone")
 
-        monkeypatch.setattr(RecMetricModule, "compute", boom)
-        failed = module.start_compute()
+    monkeypatch.setattr(TrainingMetrics, "_reduce", boom)
+    failed = metrics.start_compute()
+    for read in (lambda: failed.result(timeout=60), metrics.start_compute):
         try:
-            failed.result(timeout=60)
+            read()
             raise AssertionError("the background failure was not raised")
         except RuntimeError as e:
             assert "peer gone" in str(e)
-    finally:
-        dist.destroy_process_group()
-    for computed, upto in ((got, 10), (total, 30)):
-        ref = _reference(torch.cat([b[0] for b in batches[:upto]]),
-                         torch.cat([b[1] for b in batches[:upto]]))
-        for key, value in {"ne-ctr|lifetime_ne": ref["ne"], "ne-ctr|window_ne": ref["ne"],
-                           "auc-ctr|window_auc": ref["auc"],
-                           "calibration-ctr|window_calibration": ref["calibration"]}.items():
-            assert abs(float(computed[key]) - value) < 1e-4, (upto, key, float(computed[key]))
