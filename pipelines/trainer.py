@@ -68,7 +68,10 @@ class Trainer:
     (:class:`~.metrics.TrainingMetrics`) and the record is logged as
     soon as they are done, or before the next record of any kind, so records stay in order.
 
-    Every ``train.control_every_steps`` steps the ranks agree (:class:`~.faults.Control`) on
+    Every ``train.control_every_steps`` steps, or fewer where steps are so fast that would be
+    under ``train.control_min_interval_s`` (each check carries every rank's seconds a step
+    since the last, and all ranks derive the next check's step from the same table), the
+    ranks agree (:class:`~.faults.Control`) on
     whether to degrade a failed synchronizer and whether to stop: once SIGTERM reached any rank
     (see :func:`~.faults.install_sigterm_handler`), every rank stops after the same step,
     finishes the synchronizer, writes a checkpoint and returns a summary with
@@ -123,6 +126,10 @@ class Trainer:
         self._last_record = (time.perf_counter(), 0)  # when, and after which step
         # The periodic control exchange in flight: the step it was started after, its table.
         self._control_pending: tuple[int, Callable[[], torch.Tensor]] | None = None
+        # The step of the next periodic check, and where this rank's pace is timed from (when,
+        # after which step).
+        self._next_control = cfg.train.control_every_steps
+        self._control_clock = (time.perf_counter(), 0)
         self.history: list[dict[str, Any]] = []
         self.out_dir = Path(cfg.output_dir) if cfg.output_dir else None
         if self.out_dir is not None and env.rank == 0:
@@ -398,21 +405,38 @@ class Trainer:
         ``now`` (after acting on the one in flight), since they must not start on a rank that
         another has given up on.
         """
+        self._next_control = self.step + self.cfg.train.control_every_steps  # until paced
         pending, self._control_pending = self._control_pending, None
         if pending is not None:
             started_after, result = pending
             if self._act_on_control(started_after, result()):
                 return True
-        values = [faults.stop_requested(), self.wrapper.failed(), *self.watch.first_steps()]
+        values = [faults.stop_requested(), self.wrapper.failed(), *self.watch.first_steps(),
+                  self._pace()]
         if now:
             return self._act_on_control(self.step, self.control.exchange(values))
         self._control_pending = (self.step, self.control.start_exchange(values))
         return False
 
+    def _pace(self) -> float:
+        """This rank's seconds a training step since the last check (0: no step since), and
+        the clock restarted for the next."""
+        since, before = self._control_clock
+        now = time.perf_counter()
+        self._control_clock = (now, self.step)
+        return (now - since) / (self.step - before) if self.step > before else 0.0
+
     def _act_on_control(self, step: int, table: torch.Tensor) -> bool:
-        """Acts on the control exchange made after ``step`` (see :meth:`_agree_to_stop`)."""
-        faults.raise_if_non_finite(table[:, 2:], faults.FiniteWatch.KINDS, self.env.rank,
-                                   f"at the check after step {step}")
+        """Acts on the control exchange made after ``step`` (see :meth:`_agree_to_stop`), and
+        sets the next periodic check from the slowest rank's pace in it: the same step on
+        every rank, since every rank reads the same table at the same step."""
+        kinds = len(faults.FiniteWatch.KINDS)
+        faults.raise_if_non_finite(table[:, 2:2 + kinds], faults.FiniteWatch.KINDS,
+                                   self.env.rank, f"at the check after step {step}")
+        every, floor_s = self.cfg.train.control_every_steps, self.cfg.train.control_min_interval_s
+        slowest = float(table[:, -1].max())
+        self._next_control = self.step + (every if floor_s is None or slowest <= 0
+                                          else max(every, math.ceil(floor_s / slowest)))
         stop, sync_failed = (table[:, i].nonzero().flatten().tolist() for i in (0, 1))
         if sync_failed:
             self.wrapper.degrade(sync_failed)
@@ -465,6 +489,7 @@ class Trainer:
                    unit="step", dynamic_ncols=True)
         self.console.start(self.step, progress_lines=not show_bar)
         self._last_record = (time.perf_counter(), self.step)
+        self._next_control = self.step + cfg.train.control_every_steps
         self.dmp.train()
         train_time = 0.0
         steps_timed = 0
@@ -473,6 +498,7 @@ class Trainer:
         self._evaluate_if_due()  # resumed from a preemption that stopped before it
         for segment in self._segments():
             t_seg = time.perf_counter()
+            self._control_clock = (t_seg, self.step)  # paces count training time only
             while True:
                 try:
                     loss, logits, labels = self.pipeline.progress(segment)
@@ -511,7 +537,7 @@ class Trainer:
                 ckpt_due = every_ckpt is not None and self.step % every_ckpt == 0
                 # Agree before anything that pauses the synchronizer, so no rank pauses a
                 # runner that another rank has given up on.
-                if ckpt_due or self.step % cfg.train.control_every_steps == 0:
+                if ckpt_due or self.step >= self._next_control:
                     with _phase("shadowsync.train.control"):
                         preempted = self._agree_to_stop(now=ckpt_due)
                     if preempted:
@@ -520,6 +546,7 @@ class Trainer:
                     train_time += time.perf_counter() - t_seg
                     self.save_checkpoint()
                     t_seg = time.perf_counter()
+                    self._control_clock = (t_seg, self.step)
             self._finish_train_record()  # logged before what may fail the evaluation or end
             train_time += time.perf_counter() - t_seg
             preempted = preempted or self._agree_to_stop()  # an evaluation or the end follows

@@ -332,6 +332,52 @@ def test_stalled_sync_degrades_and_rejoins(tmp_path: Path) -> None:
             "step, rejoin 20 steps later; exit 0, replicas identical at the end")
 
 
+# ----------------------------------------------------------------------- the control exchange
+def _control_checks(rank: int, world_size: int) -> dict[str, list[int]]:
+    """The steps of every periodic check, with steps of at least 5 ms (rank 1 sleeps in
+    each), with and without a floor in seconds."""
+    env = train.init_distributed(60)
+    out: dict[str, list[int]] = {}
+    periodic = train.Trainer._agree_to_stop
+    for name, floor in (("floor", "0.25"), ("steps", "null")):
+        cfg = load_config("synthetic", SMALL[2:] + [
+            "train.steps=300", "train.control_every_steps=5",
+            f"train.control_min_interval_s={floor}", "train.log_every=1000"])
+        trainer = train.Trainer(cfg, env, build_dataset(cfg.data.name, **cfg.data.options))
+        seen: list[int] = []
+
+        def check(self: train.Trainer, now: bool = True, seen: list[int] = seen) -> bool:
+            if not now:
+                seen.append(self.step)
+            return periodic(self, now)
+
+        trainer._agree_to_stop = functools.partial(check, trainer)  # type: ignore[method-assign]
+        if rank == 1:
+            def slow(after_step: Any = trainer.wrapper.after_step) -> None:
+                time.sleep(0.005)
+                after_step()
+
+            trainer.wrapper.after_step = slow  # type: ignore[method-assign]
+        trainer.train()
+        out[name] = seen
+    return out
+
+
+def test_control_checks_space_out_to_the_floor_alike_on_every_rank() -> None:
+    """``train.control_min_interval_s``: past the first check (after ``control_every_steps``),
+    each next one is at least the floor's worth of steps at the slowest rank's pace (rank 1
+    sleeps 5 ms a step: at most 0.25 / 0.005 = 50 steps apart) and never under
+    ``control_every_steps``, on the same steps on every rank; with no floor, every 5 steps."""
+    r0, r1 = run_ranks(_control_checks, timeout_s=120)
+    assert r0 == r1, (r0, r1)
+    assert r0["steps"] == list(range(5, 301, 5))
+    floor = r0["floor"]
+    gaps = [b - a for a, b in zip(floor, floor[1:], strict=False)]
+    assert floor[0] == 5 and len(gaps) >= 5, floor
+    assert all(5 <= g <= 50 for g in gaps), floor
+    assert max(gaps) > 5, floor  # the floor spaced them out: steps here are under 50 ms
+
+
 # ---------------------------------------------------------------------------------- preemption
 def test_preemption_checkpoints_and_resumes(tmp_path: Path) -> None:
     """SIGTERM at one rank during a checkpoint write; then, with that run's newest checkpoint
@@ -426,7 +472,9 @@ def _non_finite_in_process(rank: int, world_size: int, out: str) -> dict[str, An
     env = train.init_distributed(60)
     results: dict[str, Any] = {}
     for case, fault, overrides in [
-        ("loss", ("nan-loss", 25), ["sync.algorithm=ddp", "train.steps=60"]),
+        # Checks every 10 steps whatever the pace, as the test's steps are counted.
+        ("loss", ("nan-loss", 25), ["sync.algorithm=ddp", "train.steps=60",
+                                    "train.control_min_interval_s=null"]),
         ("eval", ("nan-eval", 1), ["train.steps=10", "train.log_every=5", f"output_dir={out}"]),
     ]:
         cfg = load_config("synthetic", SMALL[2:] + overrides)
