@@ -78,9 +78,10 @@ class TrainingMetrics:
     other ranks get ``{}``, as from TorchRec's module.
 
     A step costs one list append (:meth:`add`); every ``flush_every`` batches the kept ones are
-    folded into the run-long sums and the window in one go. A compute (:meth:`start_compute`)
-    reads a snapshot of the window (its tensors are never written in place), so training goes
-    on meanwhile and later batches never wait for it.
+    folded into the run-long sums and the window in one go, on their device and without
+    reading anything back (no host sync on a GPU). A compute (:meth:`start_compute`) reads a
+    snapshot of the window and the sums (tensors never written in place), copied to the host
+    in its own thread, so training goes on meanwhile and later batches never wait for it.
 
     Args:
         window_examples: examples in the window, over all ranks.
@@ -97,8 +98,6 @@ class TrainingMetrics:
         record = future.result()  # {"ne": ..., "lifetime_ne": ..., "auc": ..., ...} on rank 0
     """
 
-    KEYS = ("ne", "lifetime_ne", "auc", "calibration")
-
     def __init__(self, window_examples: int, rank: int, world_size: int,
                  group: dist.ProcessGroup | None = None, flush_every: int = 64) -> None:
         if window_examples <= 0 or flush_every <= 0:
@@ -112,8 +111,10 @@ class TrainingMetrics:
         # Each rank's window: (logits, labels) chunks, oldest first, local_window examples.
         self._window: collections.deque[tuple[torch.Tensor, torch.Tensor]] = collections.deque()
         self._in_window = 0
-        # Over the whole run: log loss summed, clicks, examples.
-        self._sums = [0.0, 0.0, 0.0]
+        # Over the whole run: log loss summed and clicks (float64, on the batches' device),
+        # and examples.
+        self._sums: torch.Tensor | None = None
+        self._examples = 0
         self._computing: Future[dict[str, float]] | None = None
 
     def add(self, logits: torch.Tensor, labels: torch.Tensor) -> None:
@@ -129,10 +130,11 @@ class TrainingMetrics:
         logits = torch.cat([lg for lg, _ in self._pending]).float()
         labels = torch.cat([lb for _, lb in self._pending]).float()
         self._pending.clear()
-        self._sums[0] += float(F.binary_cross_entropy_with_logits(
-            logits.double(), labels.double(), reduction="sum"))
-        self._sums[1] += float(labels.double().sum())
-        self._sums[2] += labels.numel()
+        sums = torch.stack([F.binary_cross_entropy_with_logits(
+            logits.double(), labels.double(), reduction="sum"), labels.double().sum()])
+        # Out of place: a compute's snapshot of the old sums stays as it was.
+        self._sums = sums if self._sums is None else self._sums + sums
+        self._examples += labels.numel()
         self._window.append((logits, labels))
         self._in_window += labels.numel()
         while self._in_window - self._window[0][1].numel() >= self.local_window:
@@ -154,12 +156,13 @@ class TrainingMetrics:
         if self._computing is not None:
             self._computing.result()
         self._flush()
-        window, sums = list(self._window), list(self._sums)
+        window, sums, examples = list(self._window), self._sums, self._examples
         future: Future[dict[str, float]] = Future()
 
         def main() -> None:
             try:
-                future.set_result(self._reduce(window, sums))
+                loss, clicks = sums.tolist() if sums is not None else (0.0, 0.0)
+                future.set_result(self._reduce(window, [loss, clicks, float(examples)]))
             except BaseException as e:  # handed to whoever reads the result
                 future.set_exception(e)
 
@@ -174,9 +177,10 @@ class TrainingMetrics:
 
     def _reduce(self, window: list[tuple[torch.Tensor, torch.Tensor]],
                 sums: list[float]) -> dict[str, float]:
-        """Collective on :attr:`group`: the metrics of every rank's ``window`` and ``sums``."""
-        logits = torch.cat([lg for lg, _ in window]) if window else torch.zeros(0)
-        labels = torch.cat([lb for _, lb in window]) if window else torch.zeros(0)
+        """Collective on :attr:`group`: the metrics of every rank's ``window`` and ``sums``
+        (log loss summed, clicks, examples)."""
+        logits = torch.cat([lg for lg, _ in window]).cpu() if window else torch.zeros(0)
+        labels = torch.cat([lb for _, lb in window]).cpu() if window else torch.zeros(0)
         if not dist.is_initialized():
             counts = [(logits.numel(), *sums)]
             parts = [torch.stack([logits, labels])]
