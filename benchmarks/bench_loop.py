@@ -51,6 +51,16 @@ per step of ours: where its own time goes, without the profiler's overhead per o
 inflates small ops several times over). Only ours is timed this way, so it adds two clock
 reads a phase to ours' side (microseconds a step).
 
+``--ablate ARM`` (with ``--interleave``; ARM ``ddp`` or ``none``) runs that pair once per
+variant of ours, each with one feature off (:data:`ABLATIONS`: training records, the control
+exchange, the heartbeat, the non-finite watch), rotated over repeats, with the A/A pair as
+``--aa`` adds it: what each feature costs, as a ratio and as how much slower TorchRec's own
+steps ran inside ours than inside the reference's blocks (work of ours that runs beside
+TorchRec's communication on shared cores shows there, not in ours' own time)::
+
+    .venv/bin/torchrun --nproc_per_node 2 benchmarks/bench_loop.py --config movielens_1m \\
+        --steps 800 --repeats 3 --interleave 50 --aa --ablate ddp
+
 ``--profile DIR`` instead runs each loop once under ``torch.profiler`` and prints where the
 time of a step goes, by ``record_function`` label (the trainer's ``## shadowsync ... ##``
 phases and TorchRec's pipeline stages).
@@ -78,7 +88,7 @@ from torchrec.distributed.model_parallel import DefaultDataParallelWrapper
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 
 from shadowsync.datasets import build_dataset
-from shadowsync.pipelines import train, trainer
+from shadowsync.pipelines import faults, train, trainer
 from shadowsync.pipelines.build import (
     DistEnv,
     build_optimizer,
@@ -93,6 +103,15 @@ PAIRS = {"ours ddp": "reference ddp", "ours none": "reference local"}
 ARMS = ["reference ddp", "ours ddp", "reference local", "ours none"]
 # --aa: TorchRec's loop in ours' place, against a reference built before it (A/A)
 AA = {"A/A ddp": "A/A reference ddp", "A/A local": "A/A reference local"}
+# --ablate: ours with one feature off, by the overrides that turn it off (the watch has no
+# setting: :func:`watch_off` patches it out).
+ABLATIONS: dict[str, list[str]] = {
+    "all on": [],
+    "records off": ["train.log_every=1000000000"],
+    "control off": ["train.control_every_steps=1000000000"],
+    "heartbeat off": ["train.heartbeat_s=1000000", "train.heartbeat_timeout_s=3000000"],
+    "watch off": [],
+}
 
 
 def _config(preset: str, arm: str, steps: int, overrides: list[str]) -> RunConfig:
@@ -146,6 +165,60 @@ def phase_time() -> Iterator[dict[str, float]]:
         yield spent
     finally:
         trainer._phase = label
+
+
+@contextlib.contextmanager
+def watch_off() -> Iterator[None]:
+    """Our loop without the non-finite watch's check a step (for ``--ablate`` only: a run that
+    went non-finite would not be caught)."""
+    observe = faults.FiniteWatch.observe
+    faults.FiniteWatch.observe = lambda self, step, loss: None  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        faults.FiniteWatch.observe = observe  # type: ignore[method-assign]
+
+
+def ablate(arm: str, preset: str, steps: int, block: int, overrides: list[str], env: DistEnv,
+           repeat: int, variants: list[str] | None = None) -> list[dict[str, Any]]:
+    """``--ablate``: ours ``arm`` (``ddp`` or ``none``) against its reference in one
+    :func:`interleaved` job per variant of :data:`ABLATIONS` (``variants``: all), in an order
+    that turns around every other repeat. Per variant: ours' ratio to the reference, its own
+    ms a step, and TorchRec's steps inside ours against inside the reference (``inside``)."""
+    pair = (PAIRS[f"ours {arm}"], f"ours {arm}")
+    names = variants or list(ABLATIONS)
+    rows = []
+    for name in names[::-1 if repeat % 2 else 1]:
+        with watch_off() if name == "watch off" else contextlib.nullcontext():
+            got = interleaved(pair, preset, steps, block, [*overrides, *ABLATIONS[name]], env)
+        rows.append(ablation_row(name, repeat, got[pair[0]], got[pair[1]]))
+    return rows
+
+
+def ablation_row(name: str, repeat: int, ref: dict[str, float], ours: dict[str, float],
+                 ) -> dict[str, Any]:
+    """One variant's row from an :func:`interleaved` pair's figures (see :func:`ablate`)."""
+    return {"variant": name, "repeat": repeat,
+            "ratio": ours["examples_per_s"] / ref["examples_per_s"],
+            "own_ms_per_step": ours["own_ms_per_step"],
+            "inside": (ours["ms_per_step"] - ours["own_ms_per_step"])
+            / (ref["ms_per_step"] - ref["own_ms_per_step"])}
+
+
+def ablation_table(rows: list[dict[str, Any]]) -> str:
+    """Per variant of ``--ablate`` (and the A/A pair, if run): the ratio, ours' own ms a
+    step and TorchRec's steps inside ours against inside the reference, median [min, max]."""
+    def cell(values: list[float]) -> str:
+        return f"{statistics.median(values):.3f} [{min(values):.3f}, {max(values):.3f}]"
+
+    lines = ["| ours | ratio to its reference | own ms/step | TorchRec's steps inside ours / "
+             "inside the reference |", "|---|---:|---:|---:|"]
+    for name in dict.fromkeys(r["variant"] for r in rows):
+        mine = [r for r in rows if r["variant"] == name]
+        lines.append(f"| {name} | {cell([r['ratio'] for r in mine])} | "
+                     f"{cell([r['own_ms_per_step'] for r in mine])} | "
+                     f"{cell([r['inside'] for r in mine])} |")
+    return "\n".join(lines)
 
 
 def reference(cfg: RunConfig, env: DistEnv) -> tuple[TrainPipelineSparseDist, Iterator[Any]]:
@@ -391,10 +464,13 @@ def main() -> int:
                              "(A/A): the spread of a ratio between identical loops")
     parser.add_argument("--phases", action="store_true",
                         help="with --interleave, also time each labelled phase of our loop")
+    parser.add_argument("--ablate", choices=["ddp", "none"],
+                        help="with --interleave, run that pair once per feature of ours "
+                             "turned off instead")
     parser.add_argument("overrides", nargs="*", help="overrides for every arm")
     args = parser.parse_args()
-    if (args.aa or args.phases) and not args.interleave:
-        parser.error("--aa and --phases need --interleave")
+    if (args.aa or args.phases or args.ablate) and not args.interleave:
+        parser.error("--aa, --phases and --ablate need --interleave")
     logging.basicConfig(level=logging.WARNING, force=True)
     env = init_distributed(300.0)
     if args.profile:
@@ -404,6 +480,8 @@ def main() -> int:
         dist.destroy_process_group()
         return 0
     run(ARMS[1], args.config, 50, args.overrides, env)  # untimed: one-time costs of a process
+    if args.ablate:
+        return _ablate_main(args, env)
     rows: list[dict[str, Any]] = []
     for rep in range(args.repeats):
         if args.interleave:
@@ -428,6 +506,34 @@ def main() -> int:
         print(table(rows))
         if args.phases:
             print("\n" + phase_table(rows))
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=1))
+    dist.destroy_process_group()
+    return 0
+
+
+def _ablate_main(args: argparse.Namespace, env: DistEnv) -> int:
+    """``--ablate``: every repeat runs each variant, then the A/A pair with ``--aa``."""
+    aa = {"ddp": "A/A ddp", "none": "A/A local"}[args.ablate]
+    rows: list[dict[str, Any]] = []
+    for rep in range(args.repeats):
+        got = ablate(args.ablate, args.config, args.steps, args.interleave, args.overrides, env,
+                     rep)
+        if args.aa:
+            pair = interleaved((AA[aa], aa), args.config, args.steps, args.interleave,
+                               args.overrides, env)
+            got.append(ablation_row("A/A", rep, pair[AA[aa]], pair[aa]))
+        rows += got
+        if env.rank == 0:
+            for r in got:
+                print(f"repeat {rep} {r['variant']}: ratio {r['ratio']:.3f}, own "
+                      f"{r['own_ms_per_step']:.3f} ms/step, inside {r['inside']:.3f}",
+                      flush=True)
+    if env.rank == 0:
+        print(f"\nours {args.ablate} against TorchRec's loop, one feature of ours off at a "
+              f"time; config {args.config} {' '.join(args.overrides)}; {args.steps} steps, "
+              f"{args.repeats} repeats\n")
+        print(ablation_table(rows))
         if args.json:
             args.json.write_text(json.dumps(rows, indent=1))
     dist.destroy_process_group()

@@ -60,6 +60,94 @@ def test_loop_phase_table_shows_each_phase_and_what_no_phase_holds() -> None:
     assert "| `outside every phase` | 0.150 [0.100, 0.200] |" in text
 
 
+def test_ablation_rows_and_table() -> None:
+    """``bench_loop --ablate``: a row's ratio and how much slower TorchRec's steps ran inside
+    ours (each side's time less its own); the table gives each variant, in first-run order."""
+    bench = _load("bench_loop")
+    ref = {"examples_per_s": 100.0, "own_ms_per_step": 0.01, "ms_per_step": 10.01}
+    ours = {"examples_per_s": 95.0, "own_ms_per_step": 0.3, "ms_per_step": 10.5}
+    row = bench.ablation_row("watch off", 2, ref, ours)
+    assert row["variant"] == "watch off" and row["repeat"] == 2
+    assert row["ratio"] == pytest.approx(0.95) and row["inside"] == pytest.approx(1.02)
+    rows = [{"variant": v, "repeat": r, "ratio": x, "own_ms_per_step": 0.2 + x / 10,
+             "inside": 2 - x} for r in range(3)
+            for v, x in (("all on", 0.90 + r / 100), ("A/A", 1.0 - r / 100))]
+    text = bench.ablation_table(rows)
+    lines = text.splitlines()
+    assert lines[2].startswith("| all on | 0.910 [0.900, 0.920] | 0.291 [0.290, 0.292] | "
+                               "1.090 [1.080, 1.100] |"), text
+    assert lines[3].startswith("| A/A | 0.990 [0.980, 1.000] |"), text
+
+
+def _job_store_env() -> None:
+    """Our job's heartbeat reaches the job's store where torchrun says it is: rank 0's here."""
+    store = dist.distributed_c10d._get_default_store()
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    os.environ.update(MASTER_ADDR=store.host, MASTER_PORT=str(store.port))
+
+
+def _ablations(rank: int, world_size: int) -> dict[str, dict[str, Any]]:
+    from shadowsync.pipelines import faults
+    from shadowsync.pipelines.build import init_distributed
+    from shadowsync.pipelines.metrics import TrainingMetrics
+    from shadowsync.pipelines.trainer import Trainer
+    from tests._dist import SMALL
+
+    bench = _load("bench_loop")
+    env = init_distributed(60)
+    _job_store_env()
+    seen: dict[str, Any] = {}
+    observe, start_compute = faults.FiniteWatch.observe, TrainingMetrics.start_compute
+    agree, beat = Trainer._agree_to_stop, faults.Heartbeat.start.__func__
+
+    def count(key: str, fn: Any) -> Any:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            seen[key] = seen.get(key, 0) + (key != "periodic" or not kwargs.get("now", True))
+            return fn(*args, **kwargs)
+        return counted
+
+    def started(cls: Any, interval_s: float, timeout_s: float) -> Any:
+        seen["heartbeat_s"] = interval_s
+        return beat(cls, interval_s, timeout_s)
+
+    faults.FiniteWatch.observe = count("observed", observe)
+    TrainingMetrics.start_compute = count("records", start_compute)
+    Trainer._agree_to_stop = count("periodic", agree)
+    faults.Heartbeat.start = classmethod(started)
+    out = {}
+    try:
+        for name in bench.ABLATIONS:
+            seen.clear()
+            (row,) = bench.ablate("none", "synthetic", 20, 10, [
+                *SMALL[2:], "train.log_every=10", "train.control_min_interval_s=null"],
+                env, 0, [name])
+            out[name] = {**seen, **row}
+    finally:
+        faults.FiniteWatch.observe, TrainingMetrics.start_compute = observe, start_compute
+        Trainer._agree_to_stop = agree
+        faults.Heartbeat.start = classmethod(beat)
+    return out
+
+
+def test_ablation_turns_off_one_feature_of_ours_per_variant() -> None:
+    """``bench_loop --ablate``: each variant runs our loop with exactly its feature off (20
+    steps; records every 10 steps, control checks every 10 with no floor, a beat a second)
+    against TorchRec's loop, and the watch is back after its variant."""
+    for result in run_ranks(_ablations, timeout_s=240):
+        on = result["all on"]
+        assert on["observed"] == 20 and on["records"] == 2 and on["periodic"] >= 2, on
+        assert on["heartbeat_s"] == 1.0
+        assert "records" not in result["records off"], result["records off"]
+        assert not result["control off"].get("periodic"), result["control off"]
+        assert result["heartbeat off"]["heartbeat_s"] == 1e6, result["heartbeat off"]
+        assert "observed" not in result["watch off"], result["watch off"]
+        for name, row in result.items():  # every other feature stays on
+            assert name == "watch off" or row["observed"] == 20, (name, row)
+            assert name == "records off" or row["records"] == 2, (name, row)
+            assert 0.3 < row["ratio"] < 3 and 0.3 < row["inside"] < 3, (name, row)
+
+
 def test_verdicts_call_a_difference_only_beyond_three_sd() -> None:
     bench, paper = _load("bench_sync"), _load("paper")
     ne = {"none": [0.900, 0.902, 0.898], "ddp": [0.840, 0.842, 0.838],
@@ -108,11 +196,7 @@ def _interleaved_pair(rank: int, world_size: int) -> dict[str, Any]:
 
     bench = _load("bench_loop")
     env = init_distributed(60)
-    # Our job's heartbeat reaches the job's store where torchrun says it is: rank 0's here.
-    store = dist.distributed_c10d._get_default_store()
-    while isinstance(store, dist.PrefixStore):
-        store = store.underlying_store
-    os.environ.update(MASTER_ADDR=store.host, MASTER_PORT=str(store.port))
+    _job_store_env()
     with pytest.raises(ValueError, match="not a multiple of --interleave"):
         bench.interleaved(("reference local", "ours none"), "synthetic", 25, 10, [], env)
     order: list[int] = []  # the pipeline of each training-mode progress call
