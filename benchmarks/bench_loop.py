@@ -471,6 +471,8 @@ def main() -> int:
     args = parser.parse_args()
     if (args.aa or args.phases or args.ablate) and not args.interleave:
         parser.error("--aa, --phases and --ablate need --interleave")
+    if args.ablate and args.phases:
+        parser.error("--phases times our phases in the pairs, not in --ablate's variants")
     logging.basicConfig(level=logging.WARNING, force=True)
     env = init_distributed(300.0)
     if args.profile:
