@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import math
 import threading
+from collections.abc import Sequence
 from concurrent.futures import Future
 
 import torch
@@ -42,6 +43,32 @@ def _entropy(ctr: float) -> float:
     return -(ctr * math.log(ctr) + (1 - ctr) * math.log(1 - ctr)) if 0 < ctr < 1 else math.nan
 
 
+def _gather_predictions(logits: torch.Tensor, labels: torch.Tensor,
+                        group: dist.ProcessGroup | None, extra: Sequence[float] = (),
+                        dst: int | None = None) -> tuple[torch.Tensor | None, list[list[float]]]:
+    """Collective, two collectives: every rank's predictions (shares may differ in size) as
+    one ``2 x N`` float32 tensor of logits and labels on the host, in rank order, on every
+    rank or only on group rank ``dst`` (None elsewhere); and every rank's ``extra`` numbers."""
+    world = dist.get_world_size(group)
+    mine = torch.tensor([logits.numel(), *extra], dtype=torch.float64, device=logits.device)
+    rows = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(rows, mine, group=group)
+    table = [row.tolist() for row in rows]
+    both = torch.zeros(2, int(max(row[0] for row in table)), device=logits.device)
+    both[0, : logits.numel()] = logits.float()
+    both[1, : labels.numel()] = labels.float()
+    parts = [torch.empty_like(both) for _ in range(world)]
+    if dst is None:
+        dist.all_gather(parts, both, group=group)
+    else:
+        receives = dist.get_rank(group) == dst
+        dist.gather(both, parts if receives else None, group=group, group_dst=dst)
+        if not receives:
+            return None, [row[1:] for row in table]
+    merged = torch.cat([p[:, : int(row[0])] for p, row in zip(parts, table, strict=True)], 1)
+    return merged.cpu(), [row[1:] for row in table]
+
+
 def gather_metrics(
     logits: torch.Tensor, labels: torch.Tensor, group: dist.ProcessGroup | None = None
 ) -> dict[str, float]:
@@ -49,18 +76,8 @@ def gather_metrics(
     once over all of them, so the numbers equal a direct computation on the whole split."""
     if not dist.is_initialized():
         return binary_metrics(logits, labels)
-    world = dist.get_world_size(group)
-    n = torch.tensor([logits.numel()], dtype=torch.long, device=logits.device)
-    sizes = [torch.zeros_like(n) for _ in range(world)]
-    dist.all_gather(sizes, n, group=group)
-    longest = int(max(int(s) for s in sizes))
-    both = torch.zeros(2, longest, dtype=torch.float32, device=logits.device)
-    both[0, : logits.numel()] = logits.float()
-    both[1, : labels.numel()] = labels.float()
-    parts = [torch.empty_like(both) for _ in range(world)]
-    dist.all_gather(parts, both, group=group)
-    pairs = [p[:, : int(s)] for p, s in zip(parts, sizes, strict=True)]
-    merged = torch.cat(pairs, dim=1).cpu()
+    merged, _ = _gather_predictions(logits, labels, group)
+    assert merged is not None  # gathered on every rank
     return binary_metrics(merged[0], merged[1])
 
 
@@ -85,26 +102,24 @@ class TrainingMetrics:
 
     Args:
         window_examples: examples in the window, over all ranks.
-        rank: this rank in ``group``.
         world_size: ranks in ``group``.
         group: the process group the computes use (nothing else should).
         flush_every: batches kept before they are folded in.
 
     Example::
 
-        metrics = TrainingMetrics(100_000, rank, world, dist.new_group(backend="gloo"))
+        metrics = TrainingMetrics(100_000, world, dist.new_group(backend="gloo"))
         metrics.add(logits, labels)  # every step
         future = metrics.start_compute()  # every rank, at the same step
         record = future.result()  # {"ne": ..., "lifetime_ne": ..., "auc": ..., ...} on rank 0
     """
 
-    def __init__(self, window_examples: int, rank: int, world_size: int,
+    def __init__(self, window_examples: int, world_size: int,
                  group: dist.ProcessGroup | None = None, flush_every: int = 64) -> None:
         if window_examples <= 0 or flush_every <= 0:
             raise ValueError(f"window_examples and flush_every must be positive, got "
                              f"{window_examples} and {flush_every}")
         self.local_window = math.ceil(window_examples / world_size)
-        self.rank = rank
         self.group = group
         self.flush_every = flush_every
         self._pending: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -178,27 +193,17 @@ class TrainingMetrics:
     def _reduce(self, window: list[tuple[torch.Tensor, torch.Tensor]],
                 sums: list[float]) -> dict[str, float]:
         """Collective on :attr:`group`: the metrics of every rank's ``window`` and ``sums``
-        (log loss summed, clicks, examples)."""
+        (log loss summed, clicks, examples), on group rank 0; ``{}`` elsewhere."""
         logits = torch.cat([lg for lg, _ in window]).cpu() if window else torch.zeros(0)
         labels = torch.cat([lb for _, lb in window]).cpu() if window else torch.zeros(0)
+        merged: torch.Tensor | None
         if not dist.is_initialized():
-            counts = [(logits.numel(), *sums)]
-            parts = [torch.stack([logits, labels])]
-        else:
-            world = dist.get_world_size(self.group)
-            mine = torch.tensor([logits.numel(), *sums], dtype=torch.float64)
-            every = [torch.empty_like(mine) for _ in range(world)]
-            dist.all_gather(every, mine, group=self.group)
-            counts = [tuple(row.tolist()) for row in every]
-            both = torch.zeros(2, int(max(c[0] for c in counts)))
-            both[0, : logits.numel()] = logits
-            both[1, : labels.numel()] = labels
-            parts = [torch.empty_like(both) for _ in range(world)] if self.rank == 0 else []
-            dist.gather(both, parts or None, group=self.group, group_dst=0)
-        if self.rank != 0:
+            merged, table = torch.stack([logits, labels]), [sums]
+        else:  # gloo, on the host
+            merged, table = _gather_predictions(logits, labels, self.group, sums, dst=0)
+        if merged is None:
             return {}
-        merged = torch.cat([p[:, : int(c[0])] for p, c in zip(parts, counts, strict=True)], 1)
         got = binary_metrics(merged[0], merged[1])
-        loss, clicks, examples = (sum(c[i] for c in counts) for i in (1, 2, 3))
+        loss, clicks, examples = (sum(row[i] for row in table) for i in range(3))
         return {"ne": got["ne"], "lifetime_ne": loss / examples / _entropy(clicks / examples),
                 "auc": got["auc"], "calibration": got["calibration"]}

@@ -113,7 +113,7 @@ class Trainer:
         # where NCCL beside the training loop's communicator is not safe.
         self._metrics_group = dist.new_group(
             backend="gloo", timeout=timedelta(seconds=cfg.train.pg_timeout_s))
-        self.metrics = TrainingMetrics(cfg.logging.window_examples, env.rank, env.world_size,
+        self.metrics = TrainingMetrics(cfg.logging.window_examples, env.world_size,
                                        self._metrics_group)
         # The training record whose metrics are being computed in the background.
         self._record_pending: tuple[dict[str, Any], Future[dict[str, float]]] | None = None

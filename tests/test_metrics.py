@@ -61,7 +61,7 @@ def _ranks(rank: int, world_size: int) -> dict[str, Any]:
     gathered = gather_metrics(logits, labels)
     # A window of 150 examples a rank; batches of 40, folded in every 3 batches (chunks of
     # 120), so the window's oldest chunk is cut part-way.
-    metrics = TrainingMetrics(300, rank, world_size, flush_every=3)
+    metrics = TrainingMetrics(300, world_size, flush_every=3)
     for lg, lb in zip(logits.split(40), labels.split(40), strict=True):
         metrics.add(lg, lb)
     return {"gathered": gathered, "windowed": metrics.compute()}
@@ -95,7 +95,7 @@ def test_training_metrics_slide_their_window_exactly_and_refuse_bad_arguments() 
 
     batches = _batches(100, 33 * 64 + 17, 64)  # the last batch short
     for window, flush_every in ((2560, 20), (100, 4), (5000, 1)):
-        metrics = TrainingMetrics(window, 0, 1, flush_every=flush_every)
+        metrics = TrainingMetrics(window, 1, flush_every=flush_every)
         done = 0
         for upto in (7, 20, len(batches)):  # computed at three steps of one run
             for lg, lb in batches[done:upto]:
@@ -109,7 +109,7 @@ def test_training_metrics_slide_their_window_exactly_and_refuse_bad_arguments() 
             assert abs(got["lifetime_ne"] - ref["ne"]) < 1e-6, (window, upto)
     for bad in ({"window_examples": 0}, {"flush_every": 0}):
         try:
-            TrainingMetrics(**{"window_examples": 10, "rank": 0, "world_size": 1, **bad})
+            TrainingMetrics(**{"window_examples": 10, "world_size": 1, **bad})
             raise AssertionError(f"accepted {bad}")
         except ValueError as e:
             assert "must be positive" in str(e)
@@ -133,7 +133,7 @@ def test_background_compute_is_the_compute_of_its_step_while_training_goes_on(
         assert release.wait(60), "the test never released the compute"
         return stock_reduce(self, *args)
 
-    metrics = TrainingMetrics(12_800, 0, 1, flush_every=4)
+    metrics = TrainingMetrics(12_800, 1, flush_every=4)
     for lg, lb in batches[:10]:
         metrics.add(lg, lb)
     monkeypatch.setattr(TrainingMetrics, "_reduce", held)
