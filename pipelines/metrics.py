@@ -63,10 +63,11 @@ def _gather_predictions(logits: torch.Tensor, labels: torch.Tensor,
     else:
         receives = dist.get_rank(group) == dst
         dist.gather(both, parts if receives else None, group=group, group_dst=dst)
-        if not receives:
-            return None, [row[1:] for row in table]
+    extras = [row[1:] for row in table]
+    if dst is not None and not receives:
+        return None, extras
     merged = torch.cat([p[:, : int(row[0])] for p, row in zip(parts, table, strict=True)], 1)
-    return merged.cpu(), [row[1:] for row in table]
+    return merged.cpu(), extras
 
 
 def gather_metrics(
@@ -145,8 +146,9 @@ class TrainingMetrics:
         logits = torch.cat([lg for lg, _ in self._pending]).float()
         labels = torch.cat([lb for _, lb in self._pending]).float()
         self._pending.clear()
+        labels64 = labels.double()
         sums = torch.stack([F.binary_cross_entropy_with_logits(
-            logits.double(), labels.double(), reduction="sum"), labels.double().sum()])
+            logits.double(), labels64, reduction="sum"), labels64.sum()])
         # Out of place: a compute's snapshot of the old sums stays as it was.
         self._sums = sums if self._sums is None else self._sums + sums
         self._examples += labels.numel()
@@ -159,10 +161,6 @@ class TrainingMetrics:
             lg, lb = self._window[0]
             self._window[0] = (lg[extra:], lb[extra:])
             self._in_window -= extra
-
-    def computing(self) -> bool:
-        """Whether a compute started by :meth:`start_compute` is still running."""
-        return self._computing is not None and not self._computing.done()
 
     def start_compute(self) -> Future[dict[str, float]]:
         """Collective: the metrics over every batch added so far, computed in a thread (after
