@@ -45,6 +45,14 @@ reference, in ours' place. Its ratio to the reference is what the measurement re
 identical loops (each repeat builds both models afresh), so its spread is the floor under
 any ratio of ours.
 
+``--one-model`` (with ``--interleave``) runs the reference's blocks on ours' own pipeline
+instead: TorchRec's loop, fed its own batches, trains ours' model and optimizers for ``B``
+steps at a time. Two builds of one model can run a few percent apart for as long as they
+live (memory placement, on shared cores), and that is what the A/A pairs' spread over repeats
+reads; on one model the two sides differ only by the loop around ``progress``. Ours' first
+step, where TorchRec's pipeline sets itself up, is left out of ours' time (the blocks, which
+come one step earlier, never pay it).
+
 ``--phases`` (with ``--interleave``) also times, on the wall clock, each phase of our loop
 that carries a profiler label (``shadowsync.train.watch``, ``.metrics``, ``.control``, ...),
 per step of ours: where its own time goes, without the profiler's overhead per op (which
@@ -87,7 +95,7 @@ import torch.distributed as dist
 from torchrec.distributed.model_parallel import DefaultDataParallelWrapper
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 
-from shadowsync.datasets import build_dataset
+from shadowsync.datasets import RecDataset, build_dataset
 from shadowsync.pipelines import faults, train, trainer
 from shadowsync.pipelines.build import (
     DistEnv,
@@ -180,7 +188,8 @@ def watch_off() -> Iterator[None]:
 
 
 def ablate(arm: str, preset: str, steps: int, block: int, overrides: list[str], env: DistEnv,
-           repeat: int, variants: list[str] | None = None) -> list[dict[str, Any]]:
+           repeat: int, variants: list[str] | None = None, one_model: bool = False,
+           ) -> list[dict[str, Any]]:
     """``--ablate``: ours ``arm`` (``ddp`` or ``none``) against its reference in one
     :func:`interleaved` job per variant of :data:`ABLATIONS` (``variants``: all), in an order
     that turns around every other repeat. Per variant: ours' ratio to the reference, its own
@@ -190,7 +199,8 @@ def ablate(arm: str, preset: str, steps: int, block: int, overrides: list[str], 
     rows = []
     for name in names[::-1 if repeat % 2 else 1]:
         with watch_off() if name == "watch off" else contextlib.nullcontext():
-            got = interleaved(pair, preset, steps, block, [*overrides, *ABLATIONS[name]], env)
+            got = interleaved(pair, preset, steps, block, [*overrides, *ABLATIONS[name]], env,
+                              one_model=one_model)
         rows.append(ablation_row(name, repeat, got[pair[0]], got[pair[1]]))
     return rows
 
@@ -228,9 +238,16 @@ def reference(cfg: RunConfig, env: DistEnv) -> tuple[TrainPipelineSparseDist, It
     wrapper = DefaultDataParallelWrapper() if cfg.sync.algorithm == "ddp" else LocalReplicas()
     dmp, _ = build_sharded_model(cfg, dataset.spec, env, wrapper)
     pipeline = TrainPipelineSparseDist(dmp, build_optimizer(cfg, dmp), env.device)
-    assert cfg.train.steps is not None
     dmp.train()
-    return pipeline, itertools.islice(
+    return pipeline, reference_batches(cfg, env, dataset)
+
+
+def reference_batches(cfg: RunConfig, env: DistEnv, dataset: RecDataset | None = None,
+                      ) -> Iterator[Any]:
+    """The reference's ``train.steps`` batches: the first epoch's, as ours gets them."""
+    dataset = dataset or build_dataset(cfg.data.name, **cfg.data.options)
+    assert cfg.train.steps is not None
+    return itertools.islice(
         dataset.train_batches(cfg.train.batch_size, env.rank, env.world_size, 0), cfg.train.steps)
 
 
@@ -298,20 +315,32 @@ def run(arm: str, preset: str, steps: int, overrides: list[str], env: DistEnv,
 
 def interleaved(pair: tuple[str, str], preset: str, steps: int, block: int,
                 overrides: list[str], env: DistEnv, phases: bool = False,
-                ) -> dict[str, dict[str, Any]]:
+                one_model: bool = False) -> dict[str, dict[str, Any]]:
     """One job of ours with the reference's blocks between its steps (``--interleave``);
     per arm of ``pair`` (reference, ours), the figures of :func:`run`, and ours' wait for its
     metrics compute before blocks (``wait_ms``, counted in ours' time); with ``phases``, ours'
-    milliseconds a step in each labelled phase of its loop (``phase_ms``, :func:`phase_time`)."""
+    milliseconds a step in each labelled phase of its loop (``phase_ms``, :func:`phase_time`).
+
+    With ``one_model`` (``--one-model``) the reference's blocks run TorchRec's loop on ours'
+    own pipeline (its model, optimizers and in-flight batches), fed the reference's batches,
+    instead of on a model built beside it: what differs between the two sides is then only
+    the loop around ``progress``, not how two builds of one model happened to land in memory.
+    """
     if steps % block:
         raise ValueError(f"--steps {steps} is not a multiple of --interleave {block}")
     cfg = _config(preset, pair[0], steps, overrides)
-    ref_pipeline, ref_batches = reference(cfg, env)
+    ref_pipeline: TrainPipelineSparseDist | None
+    if one_model:
+        ref_pipeline, ref_batches = None, reference_batches(cfg, env)
+    else:
+        ref_pipeline, ref_batches = reference(cfg, env)
+    in_block = [False]
     progress = TrainPipelineSparseDist.progress
     start_compute = TrainingMetrics.start_compute
     computing: list[Any] = []
     calls = [0]
-    spent = {"reference": 0.0, "reference inside": 0.0, "ours inside": 0.0, "wait": 0.0}
+    spent = {"reference": 0.0, "reference inside": 0.0, "ours inside": 0.0, "wait": 0.0,
+             "first": 0.0}
 
     def recorded(self: TrainingMetrics) -> Any:
         computing[:] = [start_compute(self)]
@@ -321,25 +350,36 @@ def interleaved(pair: tuple[str, str], preset: str, steps: int, block: int,
         if not self._model.training:
             return progress(self, batches)
         began = time.perf_counter()
-        if self is ref_pipeline:
+        if self is ref_pipeline or in_block[0]:
             try:
                 return progress(self, batches)
             finally:
                 spent["reference inside"] += time.perf_counter() - began
         calls[0] += 1
-        if calls[0] % block == 0 and calls[0] <= steps:  # before ours' step calls[0]
+        # before ours' step calls[0]; on one model a step earlier: ours' batches run dry one
+        # step before its last, and TorchRec's pipeline cannot take new ones once it drained
+        due = calls[0] + one_model
+        if due % block == 0 and due <= steps:
             if computing and not computing[0].done():
                 computing[0].exception()  # waits; a failure is raised by ours when it reads
                 spent["wait"] += time.perf_counter() - began
             began_block = time.perf_counter()
-            if reference_steps(ref_pipeline, ref_batches, block) != block:
+            in_block[0] = True
+            try:
+                done = reference_steps(ref_pipeline or self, ref_batches, block)
+            finally:
+                in_block[0] = False
+            if done != block:
                 raise RuntimeError("the reference ran out of batches")
             spent["reference"] += time.perf_counter() - began_block
             began = time.perf_counter()
         try:
             return progress(self, batches)
         finally:
-            spent["ours inside"] += time.perf_counter() - began
+            took = time.perf_counter() - began
+            spent["ours inside"] += took
+            if calls[0] == 1:
+                spent["first"] = took
 
     TrainPipelineSparseDist.progress = timed
     TrainingMetrics.start_compute = recorded
@@ -361,13 +401,18 @@ def interleaved(pair: tuple[str, str], preset: str, steps: int, block: int,
         TrainPipelineSparseDist.progress = progress
         TrainingMetrics.start_compute = start_compute
     ours_s = seconds - spent["reference"]
+    ours_steps = steps
+    if one_model:  # the blocks share ours' pipeline, set up in ours' first step: leave it out
+        ours_s -= spent["first"]
+        spent["ours inside"] -= spent["first"]
+        ours_steps -= 1
     return {
         pair[0]: {"examples_per_s": examples / spent["reference"],
                   "own_ms_per_step": (spent["reference"] - spent["reference inside"])
                   * 1e3 / steps, "ms_per_step": spent["reference"] * 1e3 / steps},
-        pair[1]: {"examples_per_s": examples / ours_s,
-                  "own_ms_per_step": (ours_s - spent["ours inside"]) * 1e3 / steps,
-                  "ms_per_step": ours_s * 1e3 / steps, "wait_ms": spent["wait"] * 1e3,
+        pair[1]: {"examples_per_s": examples * ours_steps / steps / ours_s,
+                  "own_ms_per_step": (ours_s - spent["ours inside"]) * 1e3 / ours_steps,
+                  "ms_per_step": ours_s * 1e3 / ours_steps, "wait_ms": spent["wait"] * 1e3,
                   **({"phase_ms": {k: v * 1e3 / steps for k, v in in_phase.items()}}
                      if phases else {})},
     }
@@ -464,13 +509,16 @@ def main() -> int:
                              "(A/A): the spread of a ratio between identical loops")
     parser.add_argument("--phases", action="store_true",
                         help="with --interleave, also time each labelled phase of our loop")
+    parser.add_argument("--one-model", action="store_true",
+                        help="with --interleave, run the reference's blocks on ours' own "
+                             "pipeline and model instead of on a second build")
     parser.add_argument("--ablate", choices=["ddp", "none"],
                         help="with --interleave, run that pair once per feature of ours "
                              "turned off instead")
     parser.add_argument("overrides", nargs="*", help="overrides for every arm")
     args = parser.parse_args()
-    if (args.aa or args.phases or args.ablate) and not args.interleave:
-        parser.error("--aa, --phases and --ablate need --interleave")
+    if (args.aa or args.phases or args.ablate or args.one_model) and not args.interleave:
+        parser.error("--aa, --phases, --ablate and --one-model need --interleave")
     if args.ablate and args.phases:
         parser.error("--phases times our phases in the pairs, not in --ablate's variants")
     logging.basicConfig(level=logging.WARNING, force=True)
@@ -491,7 +539,7 @@ def main() -> int:
             pairs = pairs[::-1 if rep % 2 else 1]
             runs = [arm_row for pair in pairs for arm_row in interleaved(
                 pair, args.config, args.steps, args.interleave, args.overrides, env,
-                args.phases).items()]
+                args.phases, args.one_model).items()]
         else:
             runs = [(arm, run(arm, args.config, args.steps, args.overrides, env))
                     for arm in order(rep)]
@@ -520,10 +568,10 @@ def _ablate_main(args: argparse.Namespace, env: DistEnv) -> int:
     rows: list[dict[str, Any]] = []
     for rep in range(args.repeats):
         got = ablate(args.ablate, args.config, args.steps, args.interleave, args.overrides, env,
-                     rep)
+                     rep, one_model=args.one_model)
         if args.aa:
             pair = interleaved((AA[aa], aa), args.config, args.steps, args.interleave,
-                               args.overrides, env)
+                               args.overrides, env, one_model=args.one_model)
             got.append(ablation_row("A/A", rep, pair[AA[aa]], pair[aa]))
         rows += got
         if env.rank == 0:

@@ -200,11 +200,13 @@ def _interleaved_pair(rank: int, world_size: int) -> dict[str, Any]:
     with pytest.raises(ValueError, match="not a multiple of --interleave"):
         bench.interleaved(("reference local", "ours none"), "synthetic", 25, 10, [], env)
     order: list[int] = []  # the pipeline of each training-mode progress call
+    fed: list[int] = []  # and the batches it was given
     progress = TrainPipelineSparseDist.progress
 
     def spy(self: TrainPipelineSparseDist, batches: Any) -> Any:
         if self._model.training:
             order.append(id(self))
+            fed.append(id(batches))
         return progress(self, batches)
 
     TrainPipelineSparseDist.progress = spy
@@ -216,10 +218,16 @@ def _interleaved_pair(rank: int, world_size: int) -> dict[str, Any]:
         order.clear()
         aa = bench.interleaved(("A/A reference local", "A/A local"), "synthetic", 40, 10,
                                SMALL[2:], env)
+        aa_runs = [len(list(g)) for _, g in itertools.groupby(order)]
+        order.clear()
+        fed.clear()
+        one = bench.interleaved(("reference local", "ours none"), "synthetic", 40, 10,
+                                [*SMALL[2:], "train.log_every=10"], env, one_model=True)
     finally:
         TrainPipelineSparseDist.progress = progress
-    return {"arms": by_arm, "runs": runs, "pipelines": pipelines, "aa": aa,
-            "aa runs": [len(list(g)) for _, g in itertools.groupby(order)]}
+    return {"arms": by_arm, "runs": runs, "pipelines": pipelines, "aa": aa, "aa runs": aa_runs,
+            "one": one, "one pipelines": len(set(order)),
+            "one runs": [len(list(g)) for _, g in itertools.groupby(fed)]}
 
 
 def test_interleaved_pair_times_each_loop_apart() -> None:
@@ -248,6 +256,13 @@ def test_interleaved_pair_times_each_loop_apart() -> None:
         assert result["aa runs"] == result["runs"], result["aa runs"]
         ref, again = result["aa"]["A/A reference local"], result["aa"]["A/A local"]
         assert 0.5 < again["examples_per_s"] / ref["examples_per_s"] < 2.0, result["aa"]
+        # --one-model: the blocks run on ours' own pipeline, fed their own batches, a step
+        # earlier (before ours' steps 9, 19, 29, 39): ours' batches run dry before its last step
+        assert result["one pipelines"] == 1
+        assert result["one runs"] == [8, 10, 10, 10, 10, 10, 10, 10, 3], result["one runs"]
+        ref, ours = result["one"]["reference local"], result["one"]["ours none"]
+        assert 0.45 < ours["examples_per_s"] / ref["examples_per_s"] < 2.0, result["one"]
+        assert 0 <= ours["own_ms_per_step"] < ours["ms_per_step"], ours
 
 
 def test_rotating_replicas_refuses_arms_that_cannot_take_turns() -> None:
