@@ -47,11 +47,10 @@ any ratio of ours.
 
 ``--one-model`` (with ``--interleave``) runs the reference's blocks on ours' own pipeline
 instead: TorchRec's loop, fed its own batches, trains ours' model and optimizers for ``B``
-steps at a time. Two builds of one model can run a few percent apart for as long as they
-live (memory placement, on shared cores), and that is what the A/A pairs' spread over repeats
-reads; on one model the two sides differ only by the loop around ``progress``. Ours' first
-step, where TorchRec's pipeline sets itself up, is left out of ours' time (the blocks, which
-come one step earlier, never pay it).
+steps at a time, so the two sides differ only by the loop around ``progress``. It tells
+whether the A/A pairs' spread over repeats comes from the two builds of the model (where
+each lands in memory) or from the machine. Ours' first step, where TorchRec's pipeline sets
+itself up, is left out of ours' time (the blocks, which come one step earlier, never pay it).
 
 ``--phases`` (with ``--interleave``) also times, on the wall clock, each phase of our loop
 that carries a profiler label (``shadowsync.train.watch``, ``.metrics``, ``.control``, ...),
@@ -323,8 +322,8 @@ def interleaved(pair: tuple[str, str], preset: str, steps: int, block: int,
 
     With ``one_model`` (``--one-model``) the reference's blocks run TorchRec's loop on ours'
     own pipeline (its model, optimizers and in-flight batches), fed the reference's batches,
-    instead of on a model built beside it: what differs between the two sides is then only
-    the loop around ``progress``, not how two builds of one model happened to land in memory.
+    instead of on a model built beside it: the two sides then differ only by the loop around
+    ``progress``, not also by two builds of the model.
     """
     if steps % block:
         raise ValueError(f"--steps {steps} is not a multiple of --interleave {block}")
@@ -413,7 +412,7 @@ def interleaved(pair: tuple[str, str], preset: str, steps: int, block: int,
         pair[1]: {"examples_per_s": examples * ours_steps / steps / ours_s,
                   "own_ms_per_step": (ours_s - spent["ours inside"]) * 1e3 / ours_steps,
                   "ms_per_step": ours_s * 1e3 / ours_steps, "wait_ms": spent["wait"] * 1e3,
-                  **({"phase_ms": {k: v * 1e3 / steps for k, v in in_phase.items()}}
+                  **({"phase_ms": {k: v * 1e3 / ours_steps for k, v in in_phase.items()}}
                      if phases else {})},
     }
 
