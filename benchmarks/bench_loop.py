@@ -244,7 +244,8 @@ def reference(cfg: RunConfig, env: DistEnv) -> tuple[TrainPipelineSparseDist, It
 def reference_batches(cfg: RunConfig, env: DistEnv, dataset: RecDataset | None = None,
                       ) -> Iterator[Any]:
     """The reference's ``train.steps`` batches: the first epoch's, as ours gets them."""
-    dataset = dataset or build_dataset(cfg.data.name, **cfg.data.options)
+    if dataset is None:
+        dataset = build_dataset(cfg.data.name, **cfg.data.options)
     assert cfg.train.steps is not None
     return itertools.islice(
         dataset.train_batches(cfg.train.batch_size, env.rank, env.world_size, 0), cfg.train.steps)
