@@ -21,7 +21,10 @@ to, its ratio to ``none``'s turn of the same cycle. Separate runs each build a m
 stream, and on shared cores two identical runs can read far apart; turns on one model in one
 process put the machine's drift on every arm alike. Only arms of a ShadowSync strategy and
 ``none`` can take turns (DDP is built into the model), and there is no per-arm evaluation
-(one model)::
+(one model). ``--bracket`` (with ``--interleave``) also runs ``none`` between every two other
+turns and compares each turn with the ``none`` turns just before and after it (its row's
+``baseline_examples_per_s``): the machine's speed on 2 shared cores wanders over tens of
+seconds, so a ``none`` turn a cycle away carries more of that than one beside it::
 
     .venv/bin/torchrun --nproc_per_node 2 benchmarks/bench_sync.py --config synthetic \
         --interleave 100 --repeats 8 --arm "none: sync.algorithm=none" \
@@ -138,7 +141,9 @@ class RotatingReplicas(LocalReplicas):
     as soon as it is wrapped. A turn resumes it, runs ``block`` steps and pauses it without
     consensus (the runner's stop round; a pacing pause that cuts short is finished in the
     arm's next turn, as in one continuous run); cycle ``c`` runs the arms in their order
-    rotated by ``c``, so every arm follows every other.
+    rotated by ``c``, so every arm follows every other. With a ``bracket`` arm (the baseline,
+    ``none``), that arm runs before each of the others instead, so each turn has a baseline
+    turn beside it on either side (the next cycle's first, or a closing one, after the last).
 
     A turn is timed from the ``after_step`` that begins it to the one that ends it: exactly
     ``block`` steps with all the training loop's own work, the switch itself outside. A turn's
@@ -155,12 +160,16 @@ class RotatingReplicas(LocalReplicas):
         wrapper.turns  # one Turn per arm and cycle, in the order they ran
     """
 
-    def __init__(self, arms: dict[str, SyncConfig | None], block: int) -> None:
+    def __init__(self, arms: dict[str, SyncConfig | None], block: int,
+                 bracket: str | None = None) -> None:
         super().__init__()
         if not arms:
             raise ValueError("RotatingReplicas needs at least one arm")
         if block < 1:
             raise ValueError(f"block must be >= 1 step, got {block}")
+        if bracket is not None and (bracket not in arms or len(arms) < 2):
+            raise ValueError(f"bracket arm {bracket!r} must be one of at least two arms, "
+                             f"got {list(arms)}")
         for name, cfg in arms.items():
             if cfg is None:
                 continue
@@ -174,6 +183,7 @@ class RotatingReplicas(LocalReplicas):
                 raise ValueError(f"arm {name!r}: taking turns needs sync.on_failure=raise")
         self.arms = arms
         self.block = block
+        self.bracket = bracket
         self.children: dict[str, ShadowSyncReplicas] = {}
         self.turns: list[Turn] = []
         self._steps = 0
@@ -181,10 +191,18 @@ class RotatingReplicas(LocalReplicas):
         self._applied = 0  # the active runner's syncs_applied after the last step
 
     def order(self, cycle: int) -> list[str]:
-        """The arms in the order cycle ``cycle`` runs them."""
-        names = list(self.arms)
+        """The arms in the order cycle ``cycle`` runs them: rotated by ``cycle``, and with a
+        :attr:`bracket` arm, that one before each of the others."""
+        names = [n for n in self.arms if n != self.bracket]
         shift = cycle % len(names)
-        return names[shift:] + names[:shift]
+        rotated = names[shift:] + names[:shift]
+        if self.bracket is None:
+            return rotated
+        return [turn for name in rotated for turn in (self.bracket, name)]
+
+    @property
+    def turns_per_cycle(self) -> int:
+        return len(self.order(0))
 
     def wrap(self, dmp: DistributedModelParallel, env: ShardingEnv,
              device: torch.device) -> None:
@@ -211,7 +229,7 @@ class RotatingReplicas(LocalReplicas):
         return child.runner
 
     def _begin(self, turn: int) -> None:
-        cycle, at = divmod(turn, len(self.arms))
+        cycle, at = divmod(turn, self.turns_per_cycle)
         name = self.order(cycle)[at]
         self._active = self.children.get(name)
         applied, reduced, tx = self._counters(self._active)
@@ -270,6 +288,24 @@ class RotatingReplicas(LocalReplicas):
                     None)
 
 
+def bracket_seconds(arms: list[str], seconds: list[float], bracket: str) -> list[float]:
+    """For each turn in the order run, the mean of the seconds of the nearest ``bracket``
+    turns before and after it (a ``bracket`` turn's own seconds; NaN without one on each
+    side)."""
+    at = [i for i, arm in enumerate(arms) if arm == bracket]
+    out = []
+    for i, arm in enumerate(arms):
+        before = [j for j in at if j < i]
+        after = [j for j in at if j > i]
+        if arm == bracket:
+            out.append(seconds[i])
+        elif before and after:
+            out.append((seconds[before[-1]] + seconds[after[0]]) / 2)
+        else:
+            out.append(math.nan)
+    return out
+
+
 def run_interleaved(
     env: DistEnv,
     preset: str,
@@ -278,11 +314,14 @@ def run_interleaved(
     seeds: list[int],
     cycles: int,
     block: int,
+    bracket: bool = False,
 ) -> list[dict[str, Any]]:
     """For each seed, one training run in which the arms take turns of ``block`` steps
     (:class:`RotatingReplicas`) for ``cycles + 1`` cycles; the first cycle is a warm-up and
     left out. One row per timed turn, with the timed seconds the slowest rank's and the bytes
-    on the wire summed over hosts; collective."""
+    on the wire summed over hosts; collective. With ``bracket`` the ``none`` arm runs before
+    each other turn and once more at the end, and each row carries the examples/s of the
+    ``none`` turns beside it (``baseline_examples_per_s``: their mean seconds)."""
     syncs: dict[str, SyncConfig | None] = {}
     for name, overrides in arms:
         sync = load_config(preset, [*common, *overrides]).sync
@@ -290,14 +329,18 @@ def run_interleaved(
             raise SystemExit(f"arm {name!r}: sync.algorithm={sync.algorithm} cannot take turns "
                              "(only ShadowSync strategies and none)")
         syncs[name] = None if sync.algorithm == "none" else sync
-    steps = (cycles + 1) * len(arms) * block
+    if bracket and ("none" not in syncs or syncs["none"] is not None):
+        raise SystemExit("--bracket needs an arm named 'none' with sync.algorithm=none")
+    base = "none" if bracket else None
+    per_cycle = 2 * (len(arms) - 1) if bracket else len(arms)  # RotatingReplicas.order
+    steps = ((cycles + 1) * per_cycle + int(bracket)) * block  # bracket: a closing none turn
     rows = []
     for seed in seeds:
         # epochs: as many as the turns need (the step budget ends the run)
         cfg = load_config(preset, [*common, f"train.seed={seed}", "sync.algorithm=none",
                                    f"train.steps={steps}", f"train.log_every={steps + 1}",
                                    f"train.epochs={steps}"])
-        wrapper = RotatingReplicas(syncs, block)
+        wrapper = RotatingReplicas(syncs, block, base)
         with Trainer(cfg, env, build_dataset(cfg.data.name, **cfg.data.options),
                      wrapper=wrapper) as trainer:
             summary = trainer.train()
@@ -310,14 +353,19 @@ def run_interleaved(
         dist.all_reduce(sent)
         on_wire = _tx_bytes() is not None
         examples = block * cfg.train.batch_size * env.world_size
-        for turn, secs, tx in zip(turns, seconds.tolist(), sent.tolist(), strict=True):
-            if turn.cycle == 0:
+        beside = (bracket_seconds([t.arm for t in turns], seconds.tolist(), base)
+                  if base is not None else [math.nan] * len(turns))
+        for turn, secs, tx, near in zip(turns, seconds.tolist(), sent.tolist(), beside,
+                                        strict=True):
+            if turn.cycle == 0 or turn.cycle > cycles:  # the warm-up; a closing bracket turn
                 continue
             row: dict[str, Any] = {
                 "arm": turn.arm, "seed": seed, "repeat": turn.cycle - 1, "interleave": block,
                 "examples_per_s": examples / secs, "train_seconds": secs,
                 "eval_auc": math.nan, "eval_ne": math.nan, "eval_calibration": math.nan,
             }
+            if base is not None:
+                row["baseline_examples_per_s"] = examples / near
             if turn.arm in wrapper.children:
                 row.update(sync_syncs_applied=turn.syncs_applied,
                            sync_bytes_reduced=turn.bytes_reduced,
@@ -327,7 +375,7 @@ def run_interleaved(
                 row["wire_bytes"] = tx
             rows.append(row)
         if env.rank == 0:
-            print(f"seed {seed}: {cycles} cycles of {len(arms)} turns of {block} steps; the "
+            print(f"seed {seed}: {cycles} cycles of {per_cycle} turns of {block} steps; the "
                   f"model after the final consensus: AUC {summary['eval_auc']:.4f}, "
                   f"NE {summary['eval_ne']:.4f}", flush=True)
     return rows
@@ -397,15 +445,29 @@ def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         })
     base = [a["examples_per_s"] for a in out if a["arm"] == "none"]
     # Each run against none's run of the same seed and repeat (same job, same position in the
-    # rotation): the spread a goal must clear as a whole.
+    # rotation), or the none turns beside it (--bracket): the spread a goal must clear as a
+    # whole.
     nones = {(r["seed"], r["repeat"]): r["examples_per_s"] for r in rows if r["arm"] == "none"}
+    bracketed = any("baseline_examples_per_s" in r for r in rows)
     for a in out:
-        a["ratio_to_none"] = a["examples_per_s"] / base[0] if base else math.nan
-        ratios = [r["examples_per_s"] / nones[r["seed"], r["repeat"]] for r in rows
-                  if r["arm"] == a["arm"] and (r["seed"], r["repeat"]) in nones]
+        ratios = [r["examples_per_s"] / b for r in rows
+                  if r["arm"] == a["arm"] and not math.isnan(b := baseline(r, nones))]
+        if bracketed:  # medians of examples/s over turns minutes apart would carry the drift
+            a["ratio_to_none"] = statistics.median(ratios) if ratios else math.nan
+        else:
+            a["ratio_to_none"] = a["examples_per_s"] / base[0] if base else math.nan
         a["ratio_min"] = min(ratios, default=math.nan)
         a["ratio_max"] = max(ratios, default=math.nan)
     return out
+
+
+def baseline(row: dict[str, Any], nones: dict[tuple[int, int], float]) -> float:
+    """The examples/s ``row`` is compared with: the ``none`` turns beside it where it was
+    bracketed (``--bracket``), else ``none``'s run of the same seed and repeat (``nones``;
+    NaN without one)."""
+    if "baseline_examples_per_s" in row:
+        return float(row["baseline_examples_per_s"])
+    return nones.get((row["seed"], row["repeat"]), math.nan)
 
 
 def _f(x: float, digits: int = 1) -> str:
@@ -445,8 +507,13 @@ def main() -> int:
     parser.add_argument("--interleave", type=int, metavar="B",
                         help="arms take turns of B steps on one model, --repeats timed cycles "
                              "after a warm-up cycle (--steps is then unused)")
+    parser.add_argument("--bracket", action="store_true",
+                        help="with --interleave: a none turn before every other turn, each "
+                             "turn compared with the none turns beside it")
     parser.add_argument("overrides", nargs="*", help="overrides common to every arm")
     args = parser.parse_args()
+    if args.bracket and not args.interleave:
+        parser.error("--bracket needs --interleave")
     logging.basicConfig(level=logging.WARNING, force=True)
     arms = args.arm or [parse_arm(a) for a in DEFAULT_ARMS]
     common = ["eval.every_steps=null", "logging.progress_bar=false", *args.overrides]
@@ -455,11 +522,12 @@ def main() -> int:
     env = init_distributed(300.0)
     if args.interleave:
         rows = run_interleaved(env, args.config, common, arms, args.seeds, args.repeats,
-                               args.interleave)
+                               args.interleave, args.bracket)
     else:
         rows = run_all(env, args.config, common, arms, args.seeds, args.repeats)
     if env.rank == 0:
-        runs = (f"turns of {args.interleave} steps, {args.repeats} timed cycle(s)"
+        runs = (f"turns of {args.interleave} steps{', bracketed' if args.bracket else ''}, "
+                f"{args.repeats} timed cycle(s)"
                 if args.interleave else
                 f"steps {args.steps or 'from config'}, {args.repeats} repeat(s)")
         print(f"\n{env.world_size} ranks on {env.device}, config {args.config} "

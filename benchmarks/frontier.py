@@ -26,7 +26,11 @@ namespaces)::
 identical runs of one job can read further apart than the arms differ; turns on one model put
 the machine's drift on every arm alike (``--aa`` shows what is left). A repeat is then one cycle
 of turns; there is no ``ddp`` arm (DDP is built into the model) and no per-arm eval NE (one
-model).
+model). With ``--bracket`` a ``none`` turn runs before every other turn and each turn is
+compared with the ``none`` turns beside it, not with ``none``'s turn a cycle away: on 2 shared
+cores the machine's speed wanders over tens of seconds (turns a few seconds apart read alike,
+turns a cycle apart do not), so the nearer baseline carries less of it. It doubles a job's
+turns.
 
 Each (hosts, link) job writes ``raw/h<N>_<link>.json`` (every run, as ``bench_sync --json``
 writes it) as soon as it ends, so a sweep can be stopped and resumed (``--skip-done``); the
@@ -48,7 +52,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cluster import (  # noqa: E402  (a script beside this one)
+from bench_sync import baseline  # noqa: E402  (a script beside this one)
+from cluster import (  # noqa: E402
     SYNC_IF,
     Cluster,
     ClusterError,
@@ -136,6 +141,7 @@ def run_job(out: Path, hosts: int, link: str, args: argparse.Namespace, command:
     argv = ["benchmarks/bench_sync.py", "--config", args.config, "--steps", str(args.steps),
             "--repeats", str(args.repeats), "--seeds", *map(str, args.seeds),
             *(["--interleave", str(args.interleave)] if args.interleave else []),
+            *(["--bracket"] if args.bracket else []),
             "--json", str(raw.resolve()),
             *[f"--arm={a}" for a in default_arms(
                 args.algorithm, args.periods, args.shadow, args.wires,
@@ -168,13 +174,14 @@ def _spread(values: list[float]) -> dict[str, float]:
 
 
 def summarize(rows: list[dict[str, Any]], world_size: int) -> list[dict[str, Any]]:
-    """Per arm: ratio to the same repeat's ``none`` (median, min, max), mean sync gap, bytes on
-    the wire per example, eval NE over seeds."""
+    """Per arm: ratio to the same repeat's ``none``, or to the ``none`` turns beside each turn
+    (``bench_sync --bracket``), as median, min and max; mean sync gap, bytes on the wire per
+    example, eval NE over seeds."""
     base = {(r["seed"], r["repeat"]): r["examples_per_s"] for r in rows if r["arm"] == "none"}
     out = []
     for arm in dict.fromkeys(r["arm"] for r in rows):
         mine = [r for r in rows if r["arm"] == arm]
-        ratios = [r["examples_per_s"] / base[(r["seed"], r["repeat"])] for r in mine]
+        ratios = [r["examples_per_s"] / baseline(r, base) for r in mine]
         gaps = [r["sync_gap_mean"] for r in mine if "sync_gap_mean" in r
                 and not math.isnan(r["sync_gap_mean"])]
         examples = [r["examples_per_s"] * r["train_seconds"] for r in mine]
@@ -188,7 +195,7 @@ def summarize(rows: list[dict[str, Any]], world_size: int) -> list[dict[str, Any
             "arm": arm,
             "runs": len(mine),
             "examples_per_s": statistics.median(r["examples_per_s"] for r in mine),
-            "by_run": {(r["seed"], r["repeat"]): r["examples_per_s"] for r in mine},
+            "by_run": {(r["seed"], r["repeat"]): q for r, q in zip(mine, ratios, strict=True)},
             "ratio": _spread(ratios),
             "gap": statistics.fmean(gaps) if gaps else math.nan,
             "wire_per_example": statistics.fmean(wire) if wire else math.nan,
@@ -200,10 +207,12 @@ def summarize(rows: list[dict[str, Any]], world_size: int) -> list[dict[str, Any
 
 
 def paired_min(shadow: dict[str, Any], fr: dict[str, Any]) -> float:
-    """The smallest ``shadow / fr`` examples/s over the runs both made (same seed and repeat,
-    minutes apart in one job); NaN if none. The machine's speed drifts between repeats (``none``
-    itself moved by 30% on 2 shared cores), which a ratio to one ``none`` run per repeat carries
-    into every arm; two arms of the same repeat share most of it."""
+    """The smallest ``shadow / fr`` ratio to ``none`` over the runs both made (same seed and
+    repeat, minutes apart in one job); NaN if none. Against one ``none`` run per repeat that is
+    their examples/s's ratio: the machine's speed drifts between repeats (``none`` itself moved
+    by 30% on 2 shared cores), which a ratio to that run carries into every arm, and two arms
+    of the same repeat share most of it. Bracketed turns (``bench_sync --bracket``) each have
+    their own baseline, taken seconds away, so there each arm's ratio is already paired."""
     both = shadow["by_run"].keys() & fr["by_run"].keys()
     return min((shadow["by_run"][k] / fr["by_run"][k] for k in both), default=math.nan)
 
@@ -369,14 +378,17 @@ def aa_line(arms: list[dict[str, Any]]) -> str:
             "job.\n\n")
 
 
-def interleave_line(block: int | None) -> str:
+def interleave_line(block: int | None, bracketed: bool = False) -> str:
     """What an interleaved job's rows are (a paragraph), or '' for separate runs."""
     if block is None:
         return ""
+    compared = ("a `none` turn ran before every other turn (`--bracket`), and each turn is "
+                "compared with the mean of the `none` turns just before and after it"
+                if bracketed else
+                "each turn is compared with `none`'s turn of the same cycle, seconds apart")
     return (f"Interleaved (`--interleave {block}`): the arms took turns of {block} steps on one "
             "model in one process (`bench_sync.py`'s `RotatingReplicas`); a repeat is one cycle "
-            "of turns, and each turn is compared with `none`'s turn of the same cycle, seconds "
-            "apart. One model, so no eval NE per arm.\n\n")
+            f"of turns, and {compared}. One model, so no eval NE per arm.\n\n")
 
 
 def report(out: Path, links: Sequence[str]) -> str:
@@ -385,6 +397,7 @@ def report(out: Path, links: Sequence[str]) -> str:
     by_link: dict[str, dict[int, list[dict[str, Any]]]] = {}
     commands: dict[tuple[str, int], str] = {}
     turns: dict[tuple[str, int], int | None] = {}  # --interleave's turn length, if any
+    bracketed: dict[tuple[str, int], bool] = {}
     for raw in sorted((out / "raw").glob("h*_*.json")):
         hosts_s, link = raw.stem.split("_", 1)
         hosts = int(hosts_s[1:])
@@ -392,6 +405,7 @@ def report(out: Path, links: Sequence[str]) -> str:
         arms = summarize(rows, hosts)
         by_link.setdefault(link, {})[hosts] = arms
         turns[(link, hosts)] = rows[0].get("interleave") if rows else None
+        bracketed[(link, hosts)] = any("baseline_examples_per_s" in r for r in rows)
         cmd = raw.with_suffix(".cmd")
         commands[(link, hosts)] = cmd.read_text() if cmd.exists() else "(not recorded)\n"
     order = [link for link in links if link in by_link] + sorted(set(by_link) - set(links))
@@ -404,7 +418,7 @@ def report(out: Path, links: Sequence[str]) -> str:
             goal = slowdown_goal(arms, slowdown_budgets(recorded) if recorded else None)
             sections.append(f"### {hosts} hosts, links {link}\n\n"
                             f"Command: `{command}`\n\n"
-                            + interleave_line(turns[(link, hosts)])
+                            + interleave_line(turns[(link, hosts)], bracketed[(link, hosts)])
                             + f"{table(arms)}\n\n"
                             + aa_line(arms)
                             + f"{dominance_table(dominance(arms))}\n\n"
@@ -449,6 +463,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="arms take turns of B steps on one model (bench_sync "
                              "--interleave; no ddp arm, --steps unused); B must be a multiple "
                              "of every FR period")
+    parser.add_argument("--bracket", action="store_true",
+                        help="with --interleave: a none turn before every other turn, each "
+                             "turn compared with the none turns beside it (bench_sync "
+                             "--bracket)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--job-timeout-s", type=float, default=3600.0)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/frontier")
@@ -467,6 +485,8 @@ def main(argv: list[str] | None = None) -> int:
                              "FIFO per link")
     parser.add_argument("overrides", nargs="*", help="overrides common to every arm")
     args = parser.parse_args(argv)
+    if args.bracket and not args.interleave:
+        parser.error("--bracket needs --interleave")
     if args.chunk_ms is None:
         args.chunk_ms = CHUNK_MS if args.sync_class == "same" else 0.0
     (args.out / "raw").mkdir(parents=True, exist_ok=True)

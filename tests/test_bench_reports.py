@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+import math
 import os
 import sys
 from pathlib import Path
@@ -278,6 +279,27 @@ def test_rotating_replicas_refuses_arms_that_cannot_take_turns() -> None:
         bench.RotatingReplicas({"S": SyncConfig(algorithm="ma", on_failure="degrade")}, 10)
 
 
+def test_bracketed_turns_put_the_baseline_beside_every_other_turn() -> None:
+    from shadowsync.sync.config import SyncConfig
+
+    bench = _load("bench_sync")
+    fr = SyncConfig(algorithm="ma", mode="fixed_rate", period=5)
+    arms = {"none": None, "FR": fr, "S": SyncConfig(algorithm="ma"), "A/A": None}
+    plain, bracketed = bench.RotatingReplicas(arms, 10), bench.RotatingReplicas(arms, 10, "none")
+    assert plain.order(1) == ["FR", "S", "A/A", "none"] and plain.turns_per_cycle == 4
+    assert bracketed.order(0) == ["none", "FR", "none", "S", "none", "A/A"]
+    assert bracketed.order(1) == ["none", "S", "none", "A/A", "none", "FR"]
+    assert bracketed.turns_per_cycle == 6
+    with pytest.raises(ValueError, match="bracket arm 'base' must be one of at least two"):
+        bench.RotatingReplicas(arms, 10, "base")
+    with pytest.raises(ValueError, match="bracket arm 'none' must be one of at least two"):
+        bench.RotatingReplicas({"none": None}, 10, "none")
+    # each turn: the mean seconds of the nearest none turns on either side
+    order = ["none", "FR", "none", "S", "S", "none", "FR"]
+    got = bench.bracket_seconds(order, [1.0, 9.0, 3.0, 9.0, 9.0, 5.0, 9.0], "none")
+    assert got[:6] == [1.0, 2.0, 3.0, 4.0, 4.0, 5.0] and math.isnan(got[6])
+
+
 def _interleaved_arms(rank: int, world_size: int) -> dict[str, Any]:
     from shadowsync.pipelines.build import init_distributed
     from tests._dist import SMALL
@@ -296,14 +318,19 @@ def _interleaved_arms(rank: int, world_size: int) -> dict[str, Any]:
             ("FR k=5", ["sync.algorithm=ma", "sync.mode=fixed_rate", "sync.period=5"]),
             ("S s1", ["sync.algorithm=ma", "sync.mode=shadow", "sync.max_slowdown=null",
                        "sync.max_staleness=1"])]
-    rows = bench.run_interleaved(env, "synthetic", [*SMALL[2:], "eval.max_batches=1"], arms,
-                                 seeds=[0], cycles=2, block=10)
-    (wrapper,) = made
+    common = [*SMALL[2:], "eval.max_batches=1"]
+    rows = bench.run_interleaved(env, "synthetic", common, arms, seeds=[0], cycles=2, block=10)
+    bracketed = bench.run_interleaved(env, "synthetic", common, arms, seeds=[0], cycles=1,
+                                      block=10, bracket=True)
+    wrapper, again = made
     return {"rows": rows,
             "order": [(t.arm, t.cycle) for t in wrapper.turns if t.done],
             "begun": [(t.arm, t.cycle) for t in wrapper.turns if not t.done],
             "steps": {n: c.runner.stats().steps for n, c in wrapper.children.items()},
-            "phases": {n: c.phase.name for n, c in wrapper.children.items()}}
+            "phases": {n: c.phase.name for n, c in wrapper.children.items()},
+            "bracketed": bracketed,
+            "bracket order": [(t.arm, t.cycle) for t in again.turns if t.done],
+            "bracket steps": {n: c.runner.stats().steps for n, c in again.children.items()}}
 
 
 def test_interleaved_arms_take_turns_on_one_model() -> None:
@@ -330,3 +357,18 @@ def test_interleaved_arms_take_turns_on_one_model() -> None:
                 # the first (its round lands a step later), and one in flight at the end
                 assert (r["sync_syncs_applied"], r["sync_gap_mean"]) == (9, 1.0), r
                 assert r["sync_bytes_reduced"] > 0
+            assert "baseline_examples_per_s" not in r
+        # --bracket: none before every other turn and once more at the end; each timed turn
+        # carries the examples/s of the none turns beside it (their mean seconds)
+        assert result["bracket order"] == [
+            ("none", 0), ("FR k=5", 0), ("none", 0), ("S s1", 0),
+            ("none", 1), ("S s1", 1), ("none", 1), ("FR k=5", 1), ("none", 2)]
+        assert result["bracket steps"] == {"FR k=5": 20, "S s1": 20}
+        rows = result["bracketed"]
+        assert [r["arm"] for r in rows] == ["none", "S s1", "none", "FR k=5"]
+        examples = 10 * 128 * 2  # block x SMALL's batch x ranks
+        before, after = rows[0]["train_seconds"], rows[2]["train_seconds"]
+        assert rows[1]["baseline_examples_per_s"] == pytest.approx(
+            examples / ((before + after) / 2))
+        assert rows[0]["baseline_examples_per_s"] == pytest.approx(rows[0]["examples_per_s"])
+        assert rows[3]["baseline_examples_per_s"] > 0  # its after: the closing none turn

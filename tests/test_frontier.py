@@ -174,3 +174,25 @@ def test_an_interleaved_job_has_no_ddp_arm_and_says_what_its_repeats_are(
     # the same ratios either way, and no NE where one model served every arm
     assert "| S 5% | 950 | 0.960 [0.950, 0.960] | 4.0 |" in interleaved
     assert interleaved.split("| S 5% |")[1].split("\n")[0].endswith("| - |")
+
+
+def test_bracketed_turns_are_compared_with_the_none_turns_beside_them(tmp_path: Path) -> None:
+    """``--bracket``: each turn carries the examples/s of the ``none`` turns beside it; its
+    ratio is to that, not to the cycle's ``none`` turn (here slower by half), and paired
+    dominance compares those ratios."""
+    rows = [{**run("none", r, 500), "baseline_examples_per_s": 500.0, "interleave": 100}
+            for r in range(2)]
+    rows += [{**run("FR k=5", r, e, gap=5), "baseline_examples_per_s": b, "interleave": 100}
+             for r, (e, b) in enumerate([(800, 1000), (810, 900)])]
+    rows += [{**run("S b2b", r, e, gap=2), "baseline_examples_per_s": b, "interleave": 100}
+             for r, (e, b) in enumerate([(950, 1000), (760, 800)])]
+    a = {s["arm"]: s for s in fr.summarize(rows, world_size=2)}
+    assert a["FR k=5"]["ratio"] == pytest.approx({"median": 0.85, "min": 0.8, "max": 0.9})
+    assert a["S b2b"]["ratio"] == pytest.approx({"median": 0.95, "min": 0.95, "max": 0.95})
+    (d,) = fr.dominance(list(a.values()))
+    assert d["paired"] == pytest.approx({"S b2b": 0.95 / 0.9}) and d["strict"] == ["S b2b"]
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "h2_1gbit.json").write_text(json.dumps(rows))
+    assert ("a `none` turn ran before every other turn (`--bracket`), and each turn is "
+            "compared with the mean of the `none` turns just before and after it"
+            in fr.report(tmp_path, ["1gbit"]))
