@@ -416,8 +416,18 @@ def _mean(runs: list[dict[str, Any]], key: str) -> float:
 
 
 def _stdev(runs: list[dict[str, Any]], key: str) -> float:
-    values = [r[key] for r in runs]
+    values = [r[key] for r in runs if key in r and not math.isnan(r[key])]
     return statistics.stdev(values) if len(values) > 1 else math.nan
+
+
+def first_per_seed(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each seed's first run of its first repeat: one evaluation per seed (bracketed turns
+    give ``none`` several turns a cycle)."""
+    first: dict[int, dict[str, Any]] = {}
+    for r in runs:
+        if r["repeat"] == 0:
+            first.setdefault(r["seed"], r)
+    return list(first.values())
 
 
 def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -427,7 +437,7 @@ def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for arm in arms:
         mine = [r for r in rows if r["arm"] == arm]
-        per_seed = [r for r in mine if r["repeat"] == 0]
+        per_seed = first_per_seed(mine)
         out.append({
             "arm": arm,
             "runs": len(mine),
@@ -532,9 +542,9 @@ def main() -> int:
                 f"steps {args.steps or 'from config'}, {args.repeats} repeat(s)")
         print(f"\n{env.world_size} ranks on {env.device}, config {args.config} "
               f"{' '.join(args.overrides)}; {runs}, seeds {args.seeds}\n")
-        print(table(aggregate(rows)))
-        if args.json:
+        if args.json:  # before the table: a long job's runs outlive a failure to report them
             args.json.write_text(json.dumps(rows, indent=1))
+        print(table(aggregate(rows)))
     dist.destroy_process_group()
     return 0
 

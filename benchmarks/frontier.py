@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_sync import baseline  # noqa: E402  (a script beside this one)
+from bench_sync import baseline, first_per_seed  # noqa: E402  (a script beside this one)
 from cluster import (  # noqa: E402
     SYNC_IF,
     Cluster,
@@ -190,7 +190,7 @@ def summarize(rows: list[dict[str, Any]], world_size: int) -> list[dict[str, Any
         # Sync payload on the wire: a ring allreduce sends 2 (W - 1) / W of the buffer per rank.
         sync = [r["sync_bytes_reduced"] * 2 * (world_size - 1) / e
                 for r, e in zip(mine, examples, strict=True) if "sync_bytes_reduced" in r]
-        per_seed = [r["eval_ne"] for r in mine if r["repeat"] == 0]
+        per_seed = [r["eval_ne"] for r in first_per_seed(mine)]  # NaN in turns (one model)
         out.append({
             "arm": arm,
             "runs": len(mine),
@@ -201,7 +201,8 @@ def summarize(rows: list[dict[str, Any]], world_size: int) -> list[dict[str, Any
             "wire_per_example": statistics.fmean(wire) if wire else math.nan,
             "sync_per_example": statistics.fmean(sync) if sync else 0.0,
             "ne": statistics.fmean(per_seed),
-            "ne_sd": statistics.stdev(per_seed) if len(per_seed) > 1 else math.nan,
+            "ne_sd": (statistics.stdev(per_seed) if len(per_seed) > 1
+                      and not any(map(math.isnan, per_seed)) else math.nan),
         })
     return out
 

@@ -336,7 +336,9 @@ def _interleaved_arms(rank: int, world_size: int) -> dict[str, Any]:
 def test_interleaved_arms_take_turns_on_one_model() -> None:
     """``bench_sync --interleave``: each arm's runner steps only in its own turns (10 steps in
     each of 3 cycles), the cycles rotate the order, a fixed-rate turn holds exactly its
-    rounds, and the warm-up cycle is left out of the rows."""
+    rounds, and the warm-up cycle is left out of the rows; with ``--bracket``, ``none`` runs
+    beside every other turn and each row carries its examples/s there."""
+    bench = _load("bench_sync")
     for result in run_ranks(_interleaved_arms, timeout_s=180):
         assert result["order"] == [("none", 0), ("FR k=5", 0), ("S s1", 0),
                                    ("FR k=5", 1), ("S s1", 1), ("none", 1),
@@ -372,3 +374,8 @@ def test_interleaved_arms_take_turns_on_one_model() -> None:
             examples / ((before + after) / 2))
         assert rows[0]["baseline_examples_per_s"] == pytest.approx(rows[0]["examples_per_s"])
         assert rows[3]["baseline_examples_per_s"] > 0  # its after: the closing none turn
+        arms = {a["arm"]: a for a in bench.aggregate(rows)}
+        ratio = rows[1]["examples_per_s"] / rows[1]["baseline_examples_per_s"]
+        assert arms["S s1"]["ratio_to_none"] == pytest.approx(ratio)
+        assert arms["none"]["ratio_to_none"] == 1.0 and arms["none"]["runs"] == 2
+        assert "| S s1 |" in bench.table(list(arms.values()))

@@ -180,13 +180,16 @@ def test_bracketed_turns_are_compared_with_the_none_turns_beside_them(tmp_path: 
     """``--bracket``: each turn carries the examples/s of the ``none`` turns beside it; its
     ratio is to that, not to the cycle's ``none`` turn (here slower by half), and paired
     dominance compares those ratios."""
-    rows = [{**run("none", r, 500), "baseline_examples_per_s": 500.0, "interleave": 100}
-            for r in range(2)]
+    # none runs a turn before each other turn: two a cycle here, no eval (one model)
+    rows = [{**run("none", r, 500, ne=math.nan), "baseline_examples_per_s": 500.0,
+             "interleave": 100} for r in (0, 0, 1, 1)]
     rows += [{**run("FR k=5", r, e, gap=5), "baseline_examples_per_s": b, "interleave": 100}
              for r, (e, b) in enumerate([(800, 1000), (810, 900)])]
     rows += [{**run("S b2b", r, e, gap=2), "baseline_examples_per_s": b, "interleave": 100}
              for r, (e, b) in enumerate([(950, 1000), (760, 800)])]
     a = {s["arm"]: s for s in fr.summarize(rows, world_size=2)}
+    assert a["none"]["runs"] == 4 and math.isnan(a["none"]["ne"])
+    assert math.isnan(a["none"]["ne_sd"])
     assert a["FR k=5"]["ratio"] == pytest.approx({"median": 0.85, "min": 0.8, "max": 0.9})
     assert a["S b2b"]["ratio"] == pytest.approx({"median": 0.95, "min": 0.95, "max": 0.95})
     (d,) = fr.dominance(list(a.values()))
