@@ -24,7 +24,7 @@ process put the machine's drift on every arm alike. Only arms of a ShadowSync st
 (one model). ``--bracket`` (with ``--interleave``) also runs ``none`` between every two other
 turns and compares each turn with the ``none`` turns just before and after it (its row's
 ``baseline_examples_per_s``): the machine's speed on 2 shared cores wanders over tens of
-seconds, so a ``none`` turn a cycle away carries more of that than one beside it::
+seconds, and a ``none`` turn a cycle away carries more of that than one beside it::
 
     .venv/bin/torchrun --nproc_per_node 2 benchmarks/bench_sync.py --config synthetic \
         --interleave 100 --repeats 8 --arm "none: sync.algorithm=none" \
@@ -132,6 +132,17 @@ class Turn:
         return (a[-1] - a[0]) / (len(a) - 1) if len(a) > 1 else math.nan
 
 
+def turn_order(arms: list[str], cycle: int, bracket: str | None = None) -> list[str]:
+    """The turns of cycle ``cycle``: ``arms`` rotated by ``cycle``, and with a ``bracket`` arm,
+    that one before each of the others."""
+    names = [n for n in arms if n != bracket]
+    shift = cycle % len(names)
+    rotated = names[shift:] + names[:shift]
+    if bracket is None:
+        return rotated
+    return [turn for name in rotated for turn in (bracket, name)]
+
+
 class RotatingReplicas(LocalReplicas):
     """Every arm's synchronizer on one model, taking turns of ``block`` steps.
 
@@ -191,14 +202,8 @@ class RotatingReplicas(LocalReplicas):
         self._applied = 0  # the active runner's syncs_applied after the last step
 
     def order(self, cycle: int) -> list[str]:
-        """The arms in the order cycle ``cycle`` runs them: rotated by ``cycle``, and with a
-        :attr:`bracket` arm, that one before each of the others."""
-        names = [n for n in self.arms if n != self.bracket]
-        shift = cycle % len(names)
-        rotated = names[shift:] + names[:shift]
-        if self.bracket is None:
-            return rotated
-        return [turn for name in rotated for turn in (self.bracket, name)]
+        """The arms in the order cycle ``cycle`` runs them (:func:`turn_order`)."""
+        return turn_order(list(self.arms), cycle, self.bracket)
 
     @property
     def turns_per_cycle(self) -> int:
@@ -332,7 +337,7 @@ def run_interleaved(
     if bracket and ("none" not in syncs or syncs["none"] is not None):
         raise SystemExit("--bracket needs an arm named 'none' with sync.algorithm=none")
     base = "none" if bracket else None
-    per_cycle = 2 * (len(arms) - 1) if bracket else len(arms)  # RotatingReplicas.order
+    per_cycle = len(turn_order(list(syncs), 0, base))
     steps = ((cycles + 1) * per_cycle + int(bracket)) * block  # bracket: a closing none turn
     rows = []
     for seed in seeds:

@@ -28,9 +28,9 @@ the machine's drift on every arm alike (``--aa`` shows what is left). A repeat i
 of turns; there is no ``ddp`` arm (DDP is built into the model) and no per-arm eval NE (one
 model). With ``--bracket`` a ``none`` turn runs before every other turn and each turn is
 compared with the ``none`` turns beside it, not with ``none``'s turn a cycle away: on 2 shared
-cores the machine's speed wanders over tens of seconds (turns a few seconds apart read alike,
-turns a cycle apart do not), so the nearer baseline carries less of it. It doubles a job's
-turns.
+cores the machine's speed wanders over tens of seconds (turns a few seconds apart read more
+alike than turns a cycle apart), and the nearer baseline leaves that part out; changes faster
+than a turn stay. It doubles a job's turns.
 
 Each (hosts, link) job writes ``raw/h<N>_<link>.json`` (every run, as ``bench_sync --json``
 writes it) as soon as it ends, so a sweep can be stopped and resumed (``--skip-done``); the
