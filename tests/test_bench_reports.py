@@ -379,3 +379,23 @@ def test_interleaved_arms_take_turns_on_one_model() -> None:
         assert arms["S s1"]["ratio_to_none"] == pytest.approx(ratio)
         assert arms["none"]["ratio_to_none"] == 1.0 and arms["none"]["runs"] == 2
         assert "| S s1 |" in bench.table(list(arms.values()))
+
+
+def _rig_turns(rank: int, world_size: int) -> list[tuple[str, float]]:
+    return _load("rig_noise")._rank(rank, world_size, step_ms=1.0, size=16, block=3, cycles=2)
+
+
+def test_rig_noise_reads_fixed_work_as_bench_sync_reads_an_aa_arm() -> None:
+    rig = _load("rig_noise")
+    turns = [("none", 1.0), ("none A/A", 4.0), ("none", 3.0), ("none A/A", 2.0), ("none", 1.0)]
+    assert rig.aa_ratios(turns) == [0.5, 1.0]
+    got = rig.summary(turns)
+    assert (got["aa_median"], got["aa_min"], got["aa_max"]) == (0.75, 0.5, 1.0)
+    assert (got["turn_speed_min"], got["turn_speed_max"]) == (0.5, 2.0)  # median 2 s
+    # 2 ranks: a warm-up cycle left out, then none / A/A turns and a closing none, each the
+    # slowest rank's seconds, so both ranks hold the same list
+    by_rank = run_ranks(_rig_turns, timeout_s=60)
+    assert by_rank[0] == by_rank[1]
+    assert [a for a, _ in by_rank[0]] == ["none", "none A/A", "none", "none A/A", "none"]
+    assert all(s > 0 for _, s in by_rank[0])
+    assert len(rig.aa_ratios(by_rank[0])) == 2
