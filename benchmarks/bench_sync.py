@@ -48,6 +48,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from rows import baseline, bracket_seconds, first_per_seed, mean_of, stdev_of, turn_order
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.types import ShardingEnv
 
@@ -130,17 +131,6 @@ class Turn:
         round's worth of gap that a continuous run does not have."""
         a = self.applied_at
         return (a[-1] - a[0]) / (len(a) - 1) if len(a) > 1 else math.nan
-
-
-def turn_order(arms: list[str], cycle: int, bracket: str | None = None) -> list[str]:
-    """The turns of cycle ``cycle``: ``arms`` rotated by ``cycle``, and with a ``bracket`` arm,
-    that one before each of the others."""
-    names = [n for n in arms if n != bracket]
-    shift = cycle % len(names)
-    rotated = names[shift:] + names[:shift]
-    if bracket is None:
-        return rotated
-    return [turn for name in rotated for turn in (bracket, name)]
 
 
 class RotatingReplicas(LocalReplicas):
@@ -293,24 +283,6 @@ class RotatingReplicas(LocalReplicas):
                     None)
 
 
-def bracket_seconds(arms: list[str], seconds: list[float], bracket: str) -> list[float]:
-    """For each turn in the order run, the mean of the seconds of the nearest ``bracket``
-    turns before and after it (a ``bracket`` turn's own seconds; NaN without one on each
-    side)."""
-    at = [i for i, arm in enumerate(arms) if arm == bracket]
-    out = []
-    for i, arm in enumerate(arms):
-        before = [j for j in at if j < i]
-        after = [j for j in at if j > i]
-        if arm == bracket:
-            out.append(seconds[i])
-        elif before and after:
-            out.append((seconds[before[-1]] + seconds[after[0]]) / 2)
-        else:
-            out.append(math.nan)
-    return out
-
-
 def run_interleaved(
     env: DistEnv,
     preset: str,
@@ -415,26 +387,6 @@ def run_all(
     return rows
 
 
-def _mean(runs: list[dict[str, Any]], key: str) -> float:
-    values = [r[key] for r in runs if key in r and not math.isnan(r[key])]
-    return statistics.fmean(values) if values else math.nan
-
-
-def _stdev(runs: list[dict[str, Any]], key: str) -> float:
-    values = [r[key] for r in runs if key in r and not math.isnan(r[key])]
-    return statistics.stdev(values) if len(values) > 1 else math.nan
-
-
-def first_per_seed(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each seed's first run of its first repeat: one evaluation per seed (bracketed turns
-    give ``none`` several turns a cycle)."""
-    first: dict[int, dict[str, Any]] = {}
-    for r in runs:
-        if r["repeat"] == 0:
-            first.setdefault(r["seed"], r)
-    return list(first.values())
-
-
 def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per arm, in first-seen order: median examples/s and its ratio to ``none``'s median, sync
     telemetry averaged, quality as mean and standard deviation over seeds."""
@@ -447,16 +399,16 @@ def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "arm": arm,
             "runs": len(mine),
             "examples_per_s": statistics.median(r["examples_per_s"] for r in mine),
-            "sync_gap_mean": _mean(mine, "sync_gap_mean"),
+            "sync_gap_mean": mean_of(mine, "sync_gap_mean"),
             "sync_gap_max": max((r.get("sync_gap_max", math.nan) for r in mine),
                                 default=math.nan),
-            "syncs": _mean(mine, "sync_syncs_applied"),
-            "comm_seconds": _mean(mine, "sync_comm_seconds"),
-            "train_seconds": _mean(mine, "train_seconds"),
-            "eval_auc": _mean(per_seed, "eval_auc"),
-            "eval_ne": _mean(per_seed, "eval_ne"),
-            "eval_ne_std": _stdev(per_seed, "eval_ne"),
-            "eval_calibration": _mean(per_seed, "eval_calibration"),
+            "syncs": mean_of(mine, "sync_syncs_applied"),
+            "comm_seconds": mean_of(mine, "sync_comm_seconds"),
+            "train_seconds": mean_of(mine, "train_seconds"),
+            "eval_auc": mean_of(per_seed, "eval_auc"),
+            "eval_ne": mean_of(per_seed, "eval_ne"),
+            "eval_ne_std": stdev_of(per_seed, "eval_ne"),
+            "eval_calibration": mean_of(per_seed, "eval_calibration"),
         })
     base = [a["examples_per_s"] for a in out if a["arm"] == "none"]
     # Each run against none's run of the same seed and repeat (same job, same position in the
@@ -474,15 +426,6 @@ def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         a["ratio_min"] = min(ratios, default=math.nan)
         a["ratio_max"] = max(ratios, default=math.nan)
     return out
-
-
-def baseline(row: dict[str, Any], nones: dict[tuple[int, int], float]) -> float:
-    """The examples/s ``row`` is compared with: the ``none`` turns beside it where it was
-    bracketed (``--bracket``), else ``none``'s run of the same seed and repeat (``nones``;
-    NaN without one)."""
-    if "baseline_examples_per_s" in row:
-        return float(row["baseline_examples_per_s"])
-    return nones.get((row["seed"], row["repeat"]), math.nan)
 
 
 def _f(x: float, digits: int = 1) -> str:

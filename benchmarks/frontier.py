@@ -52,7 +52,6 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_sync import baseline, first_per_seed  # noqa: E402  (a script beside this one)
 from cluster import (  # noqa: E402
     SYNC_IF,
     Cluster,
@@ -60,6 +59,7 @@ from cluster import (  # noqa: E402
     Interrupted,
     parse_rate,
 )
+from rows import baseline, first_per_seed, mean_of, stdev_of  # noqa: E402
 from scaling_model import arm_overrides  # noqa: E402
 
 from shadowsync.pipelines.records import current_keys  # noqa: E402
@@ -190,7 +190,7 @@ def summarize(rows: list[dict[str, Any]], world_size: int) -> list[dict[str, Any
         # Sync payload on the wire: a ring allreduce sends 2 (W - 1) / W of the buffer per rank.
         sync = [r["sync_bytes_reduced"] * 2 * (world_size - 1) / e
                 for r, e in zip(mine, examples, strict=True) if "sync_bytes_reduced" in r]
-        per_seed = [r["eval_ne"] for r in first_per_seed(mine)]  # NaN in turns (one model)
+        per_seed = first_per_seed(mine)  # eval NE is NaN in turns (one model)
         out.append({
             "arm": arm,
             "runs": len(mine),
@@ -200,9 +200,8 @@ def summarize(rows: list[dict[str, Any]], world_size: int) -> list[dict[str, Any
             "gap": statistics.fmean(gaps) if gaps else math.nan,
             "wire_per_example": statistics.fmean(wire) if wire else math.nan,
             "sync_per_example": statistics.fmean(sync) if sync else 0.0,
-            "ne": statistics.fmean(per_seed),
-            "ne_sd": (statistics.stdev(per_seed) if len(per_seed) > 1
-                      and not any(map(math.isnan, per_seed)) else math.nan),
+            "ne": mean_of(per_seed, "eval_ne"),
+            "ne_sd": stdev_of(per_seed, "eval_ne"),
         })
     return out
 

@@ -33,7 +33,7 @@ import _bootstrap  # noqa: F401 (makes a bare checkout importable; must come fir
 import torch
 import torch.distributed as dist
 from _dist import run_ranks
-from bench_sync import bracket_seconds, turn_order
+from rows import bracket_seconds, turn_order
 
 ARMS = ["none", "none A/A"]
 

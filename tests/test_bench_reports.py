@@ -296,7 +296,7 @@ def test_bracketed_turns_put_the_baseline_beside_every_other_turn() -> None:
         bench.RotatingReplicas({"none": None}, 10, "none")
     # each turn: the mean seconds of the nearest none turns on either side
     order = ["none", "FR", "none", "S", "S", "none", "FR"]
-    got = bench.bracket_seconds(order, [1.0, 9.0, 3.0, 9.0, 9.0, 5.0, 9.0], "none")
+    got = _load("rows").bracket_seconds(order, [1.0, 9.0, 3.0, 9.0, 9.0, 5.0, 9.0], "none")
     assert got[:6] == [1.0, 2.0, 3.0, 4.0, 4.0, 5.0] and math.isnan(got[6])
 
 
