@@ -38,18 +38,14 @@ from rows import bracket_seconds, turn_order
 ARMS = ["none", "none A/A"]
 
 
-def _unit(a: torch.Tensor) -> None:
-    """One unit of fixed work: a matmul on one thread."""
-    torch.mm(a, a)
-
-
 def units_per_step(step_ms: float, size: int, probes: int = 50) -> int:
-    """How many units make a step of about ``step_ms`` on this rank now (a median of probes)."""
+    """How many single-thread ``size`` x ``size`` matmuls make a step of about ``step_ms`` on
+    this rank now (a median of probes)."""
     a = torch.randn(size, size)
     times = []
     for _ in range(probes):
         start = time.perf_counter()
-        _unit(a)
+        torch.mm(a, a)
         times.append(time.perf_counter() - start)
     return max(1, round(step_ms / 1e3 / statistics.median(times)))
 
@@ -60,20 +56,22 @@ def _rank(rank: int, world_size: int, step_ms: float, size: int, block: int,
     torch.set_num_threads(1)
     n = torch.tensor([units_per_step(step_ms, size) if rank == 0 else 0])
     dist.broadcast(n, 0)
+    units = int(n)
     a = torch.randn(size, size)
     flag = torch.zeros(1)
+    warm_up = len(turn_order(ARMS, 0, "none"))
     order = [t for c in range(cycles + 1) for t in turn_order(ARMS, c, "none")] + ["none"]
     turns = []
     for i, arm in enumerate(order):
         dist.barrier()
         start = time.perf_counter()
         for _ in range(block):
-            for _ in range(int(n)):
-                _unit(a)
+            for _ in range(units):
+                torch.mm(a, a)
             dist.all_reduce(flag)
         seconds = torch.tensor([time.perf_counter() - start])
         dist.all_reduce(seconds, op=dist.ReduceOp.MAX)  # the slowest rank's, as bench_sync
-        if i >= 2:  # the first cycle warms up
+        if i >= warm_up:  # the first cycle's turns
             turns.append((arm, float(seconds)))
     return turns
 
