@@ -92,7 +92,8 @@ class SyncStats:
         wall_seconds: seconds the runner has been started (summed over start/stop cycles).
         rounds_per_s: ``rounds / wall_seconds``.
         round_cost: what a round in flight costs a training step, ``t_busy / t_quiet - 1``, as
-            measured by the accepted-slowdown pacer (NaN without ``max_slowdown``).
+            measured by the accepted-slowdown pacer against the quiet steps beside each round
+            (NaN without ``max_slowdown``).
         busy_share: the share of training steps a round touched, per that pacer (NaN without).
         wait_seconds: seconds training waited at step boundaries for a round to finish, which
             only a shadow runner with ``max_staleness`` does (NaN without).
@@ -651,9 +652,17 @@ class SlowdownPacer:
     :class:`ShadowSyncRunner`).
 
     The training loop reports each step's wall time and whether a round touched it (the step
-    applied a delta, took a snapshot, or ran while a round was in flight). From the means of
-    recent *quiet* steps ``t_q`` and *busy* steps ``t_b`` it knows the cost of a round per step,
-    ``c = t_b / t_q - 1``. If a fraction ``f`` of steps is busy, training runs ``f c`` slower,
+    applied a delta, took a snapshot, or ran while a round was in flight). Each run of *busy*
+    steps is compared with the runs of *quiet* steps just before and after it, and from the
+    recent runs, ``window`` busy steps' worth, it knows the cost of a round per step,
+    ``c = t_b / t_q - 1`` (busy seconds over what those steps would have taken at the quiet
+    pace beside them). Beside, not overall: a machine's speed drifts, and where most steps are
+    busy the last ``window`` quiet steps go back far enough to carry that drift into ``c``;
+    since ``f`` below is ``max_slowdown / c``, estimates too low (rounds back to back) overspend
+    by more than estimates too high underspend (on emulated 1 Gbit/s hosts a 12% budget read
+    costs of 0.04-0.26 turn to turn against recent means, and lost 15%). Until a busy run has
+    quiet steps on both sides, the means of the recent ``window`` steps of each kind stand in.
+    If a fraction ``f`` of steps is busy, training runs ``f c`` slower,
     so the runner keeps ``f <= max_slowdown / c``: a round that kept ``n_b`` steps busy is
     followed by ``n_b (1 - f) / f`` quiet steps. The pause is set in seconds, and some of it is
     not quiet (the step that applies the round's delta is busy, and it falls inside the pause):
@@ -684,6 +693,12 @@ class SlowdownPacer:
         self._busy_total = self._quiet_total = 0
         self._rounds = 0
         self._target: float | None = None  # quiet steps the last budgeted pause was to hold
+        # The run of steps of one kind in progress, as (busy, seconds, steps).
+        self._run: tuple[bool, float, int] | None = None
+        self._quiet_before: float | None = None  # mean step of the last quiet run
+        self._pending: tuple[float, int, float] | None = None  # busy run awaiting its after
+        # Bracketed busy runs: (busy seconds, what they would have taken at the quiet pace).
+        self._bracketed: collections.deque[tuple[float, float, int]] = collections.deque()
         self._shortfall = 0.0  # quiet steps added to each budgeted pause
         self._lock = threading.Lock()  # observe() and the thread's reads run concurrently
 
@@ -691,6 +706,10 @@ class SlowdownPacer:
         """One training step's wall time, and whether a round touched it (training thread)."""
         with self._lock:
             (self._busy if busy else self._quiet).append(seconds)
+            if self._run is not None and self._run[0] != busy:
+                self._close_run(*self._run)
+            kind, total, steps = self._run or (busy, 0.0, 0)
+            self._run = (kind, total + seconds, steps + 1)
             if busy:
                 self._busy_steps_this_round += 1
                 self._busy_total += 1
@@ -698,9 +717,37 @@ class SlowdownPacer:
                 self._quiet_steps_this_round += 1
                 self._quiet_total += 1
 
-    def round_cost(self) -> float:
-        """``t_busy / t_quiet - 1`` from the recent means; NaN before both are measured."""
+    def _close_run(self, busy: bool, total: float, steps: int) -> None:
+        """Ends the run in progress: a busy run waits for the quiet run after it; a quiet run
+        brackets the busy run before it (lock held)."""
+        self._run = None
+        if busy:
+            if self._quiet_before is not None:
+                self._pending = (total, steps, self._quiet_before)
+            return
+        after = total / steps
+        if self._pending is not None:
+            busy_total, busy_steps, before = self._pending
+            self._pending = None
+            self._bracketed.append((busy_total, busy_steps * (before + after) / 2, busy_steps))
+            while sum(n for _, _, n in self._bracketed) - self._bracketed[0][2] >= (
+                    self._busy.maxlen or 0):
+                self._bracketed.popleft()
+        self._quiet_before = after
+
+    def interrupt(self) -> None:
+        """Training stops being observed for a while (a pause): the runs on either side of it
+        do not bracket each other."""
         with self._lock:
+            self._run = self._pending = self._quiet_before = None
+
+    def round_cost(self) -> float:
+        """``t_busy / t_quiet - 1`` over the recent bracketed busy runs (the recent means of
+        each kind before any); NaN before both kinds are measured."""
+        with self._lock:
+            if self._bracketed:
+                return (sum(b for b, _, _ in self._bracketed)
+                        / sum(q for _, q, _ in self._bracketed) - 1.0)
             if not self._quiet or not self._busy:
                 return math.nan
             return statistics.fmean(self._busy) / statistics.fmean(self._quiet) - 1.0
@@ -888,6 +935,8 @@ class ShadowSyncRunner(SyncRunner):
             event.clear()
         self._want_snapshot = False
         self._step_began = None
+        if self._pacer is not None:
+            self._pacer.interrupt()
         self._last_progress = time.perf_counter()
         self._thread = threading.Thread(target=self._thread_main, daemon=True,
                                         name=f"shadowsync-rank{self._rank}")

@@ -718,6 +718,37 @@ def test_slowdown_pacer_keeps_the_busy_share_within_budget() -> None:
         SlowdownPacer(1.0)
 
 
+def test_slowdown_pacer_compares_each_round_with_the_quiet_steps_beside_it() -> None:
+    """After a pause the machine runs at 10 ms a quiet step where it ran 15 before, and rounds
+    make a step 20% slower (12 ms). Recent means would set 12 ms busy against quiet steps
+    still mostly from before and call the round free (back to back); each busy run against the
+    quiet runs on either side of it reads 0.2, which a 5% budget turns into a quarter of the
+    steps busy."""
+    pacer = SlowdownPacer(0.05)
+    for _ in range(32):
+        pacer.observe(0.015, busy=False)
+    pacer.interrupt()
+    for _ in range(3):
+        pacer.observe(0.010, busy=False)
+    for _ in range(4):
+        for seconds, busy in [(0.012, True)] * 3 + [(0.010, False)] * 3:
+            pacer.observe(seconds, busy)
+    window_cost = sum(pacer._busy) / len(pacer._busy) / (sum(pacer._quiet) / len(pacer._quiet))
+    assert window_cost < 1  # what recent means alone would have read: cheaper than free
+    assert pacer.round_cost() == pytest.approx(0.2)
+    assert pacer.busy_fraction() == pytest.approx(0.25)
+    # A pause breaks the runs: the busy run after it is not set against the quiet run before.
+    pacer.interrupt()
+    for seconds, busy in [(0.050, True)] * 3 + [(0.010, False)] * 3:
+        pacer.observe(seconds, busy)
+    assert pacer.round_cost() == pytest.approx(0.2)
+    # Only the last window (32) of busy steps' worth of runs counts: dearer rounds replace it.
+    for _ in range(12):
+        for seconds, busy in [(0.013, True)] * 3 + [(0.010, False)] * 3:
+            pacer.observe(seconds, busy)
+    assert pacer.round_cost() == pytest.approx(0.3)
+
+
 def test_slowdown_pacer_makes_up_quiet_steps_a_pause_did_not_hold() -> None:
     """A pause is set in seconds, and the step that applies a round's delta (busy) falls inside
     it: here every pause holds one quiet step fewer than it lasts. Busy steps 1.1x as long as
