@@ -660,7 +660,7 @@ class SlowdownPacer:
     busy the last ``window`` quiet steps go back far enough to carry that drift into ``c``;
     since ``f`` below is ``max_slowdown / c``, estimates too low (rounds back to back) overspend
     by more than estimates too high underspend (on emulated 1 Gbit/s hosts a 12% budget read
-    costs of 0.04-0.26 turn to turn against recent means, and lost 15%). Until a busy run has
+    costs from -0.03 to 0.25 turn to turn against recent means, and lost 15%). Until a busy run has
     quiet steps on both sides, the means of the recent ``window`` steps of each kind stand in.
     If a fraction ``f`` of steps is busy, training runs ``f c`` slower,
     so the runner keeps ``f <= max_slowdown / c``: a round that kept ``n_b`` steps busy is
