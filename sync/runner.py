@@ -697,7 +697,8 @@ class SlowdownPacer:
         self._run: tuple[bool, float, int] | None = None
         self._quiet_before: float | None = None  # mean step of the last quiet run
         self._pending: tuple[float, int, float] | None = None  # busy run awaiting its after
-        # Bracketed busy runs: (busy seconds, what they would have taken at the quiet pace).
+        # Bracketed busy runs: (busy seconds, what they would have taken at the quiet pace
+        # beside them, busy steps).
         self._bracketed: collections.deque[tuple[float, float, int]] = collections.deque()
         self._shortfall = 0.0  # quiet steps added to each budgeted pause
         self._lock = threading.Lock()  # observe() and the thread's reads run concurrently
