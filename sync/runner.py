@@ -662,13 +662,18 @@ class SlowdownPacer:
     by more than estimates too high underspend (on emulated 1 Gbit/s hosts a 12% budget read
     costs from -0.03 to 0.25 turn to turn against recent means, and lost 15%). Until a busy run has
     quiet steps on both sides, the means of the recent ``window`` steps of each kind stand in.
-    If a fraction ``f`` of steps is busy, training runs ``f c`` slower,
-    so the runner keeps ``f <= max_slowdown / c``: a round that kept ``n_b`` steps busy is
-    followed by ``n_b (1 - f) / f`` quiet steps. The pause is set in seconds, and some of it is
-    not quiet (the step that applies the round's delta is busy, and it falls inside the pause):
-    so the quiet steps a pause actually held are counted, and a shortfall against its target is
-    added to the next pauses (integral control), or the busy share would overshoot ``f`` (on
-    emulated 1 Gbit/s hosts it ran at ~0.7 where ``f`` was ~0.55). Rounds go back to back when
+    If a fraction ``f`` of steps is busy, training runs ``f c`` slower, so the runner keeps
+    ``f <= max_slowdown / c``, with ``c`` raised by its standard error over the bracketed runs:
+    for the same convexity, noise that puts the estimate low overspends by more than noise that
+    puts it as far high underspends (on emulated 10 Gbit/s hosts, where a round keeps one to
+    three steps busy, one 4% budget read costs of 0.01 to 0.21 turn to turn and lost 8%), and
+    the margin, which shrinks as the runs agree, keeps the error on the side the user asked for.
+    A round that kept ``n_b`` steps busy is followed by ``n_b (1 - f) / f`` quiet steps. The
+    pause is set in seconds, and some of it is not quiet (the step that applies the round's
+    delta is busy, and it falls inside the pause): so the quiet steps a pause actually held are
+    counted, and a shortfall against its target is added to the next pauses (integral
+    control), or the busy share would overshoot ``f`` (on emulated 1 Gbit/s hosts it ran at
+    ~0.7 where ``f`` was ~0.55). Rounds go back to back when
     they cost less than the budget. Every ``explore_every`` rounds a few quiet steps are forced,
     so ``t_q`` stays current even then. Means, not medians: the step rate is set by the mean
     step time, and much of a round's cost lands on a few of its busy steps (the one that copies
@@ -745,10 +750,20 @@ class SlowdownPacer:
     def round_cost(self) -> float:
         """``t_busy / t_quiet - 1`` over the recent bracketed busy runs (the recent means of
         each kind before any); NaN before both kinds are measured."""
+        return self._cost(margin=False)
+
+    def _cost(self, margin: bool) -> float:
+        """The round cost, with ``margin`` plus its standard error over the bracketed runs
+        (the ratio estimator's: residuals ``b - (1 + c) q``; zero with fewer than two runs)."""
         with self._lock:
             if self._bracketed:
-                return (sum(b for b, _, _ in self._bracketed)
-                        / sum(q for _, q, _ in self._bracketed) - 1.0)
+                busy = sum(b for b, _, _ in self._bracketed)
+                quiet = sum(q for _, q, _ in self._bracketed)
+                ratio, n = busy / quiet, len(self._bracketed)
+                if not margin or n < 2:
+                    return ratio - 1.0
+                squares = sum((b - ratio * q) ** 2 for b, q, _ in self._bracketed)
+                return ratio - 1.0 + math.sqrt(n / (n - 1) * squares) / quiet
             if not self._quiet or not self._busy:
                 return math.nan
             return statistics.fmean(self._busy) / statistics.fmean(self._quiet) - 1.0
@@ -760,8 +775,9 @@ class SlowdownPacer:
             return self._busy_total / total if total else math.nan
 
     def busy_fraction(self) -> float:
-        """The largest fraction of busy steps within the budget (1 before any measurement)."""
-        cost = self.round_cost()
+        """The largest fraction of busy steps within the budget, against the round cost plus
+        its standard error (1 before any measurement)."""
+        cost = self._cost(margin=True)
         if math.isnan(cost) or cost <= self.max_slowdown:
             return 1.0
         return self.max_slowdown / cost

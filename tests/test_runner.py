@@ -749,6 +749,34 @@ def test_slowdown_pacer_compares_each_round_with_the_quiet_steps_beside_it() -> 
     assert pacer.round_cost() == pytest.approx(0.3)
 
 
+def test_slowdown_pacer_budgets_against_the_cost_plus_its_standard_error() -> None:
+    """Rounds that cost 0.1 and 0.3 by turns read 0.2 on average; the pacer budgets against
+    0.2 plus the ratio estimator's standard error over the runs (float64 reference), so a few
+    noisy runs space rounds out instead of sending them back to back."""
+    pacer = SlowdownPacer(0.05)
+    for _ in range(3):
+        pacer.observe(0.010, busy=False)
+    busy = [0.011, 0.013, 0.011, 0.013]
+    for step in busy:
+        for seconds, is_busy in [(step, True)] * 3 + [(0.010, False)] * 3:
+            pacer.observe(seconds, is_busy)
+    pacer.observe(0.011, busy=True)  # ends the last quiet run, which brackets the last round
+    # Each run: 3 busy steps (b) against 3 steps at the 10 ms beside it (q); Python floats.
+    b, q, n = [3 * step for step in busy], 0.030, len(busy)
+    ratio = sum(b) / (n * q)
+    se = math.sqrt(n / (n - 1) * sum((bi - ratio * q) ** 2 for bi in b)) / (n * q)
+    assert pacer.round_cost() == pytest.approx(ratio - 1) == pytest.approx(0.2)
+    assert se == pytest.approx(0.0577, abs=1e-4)
+    assert pacer.busy_fraction() == pytest.approx(0.05 / (ratio - 1 + se))
+    # One run alone has no spread to measure: no margin.
+    single = SlowdownPacer(0.05)
+    for seconds, is_busy in [(0.010, False)] * 3 + [(0.013, True)] * 3 + [(0.010, False)] * 3 + [
+            (0.013, True)]:
+        single.observe(seconds, is_busy)
+    assert len(single._bracketed) == 1
+    assert single.busy_fraction() == pytest.approx(0.05 / 0.3)
+
+
 def test_slowdown_pacer_makes_up_quiet_steps_a_pause_did_not_hold() -> None:
     """A pause is set in seconds, and the step that applies a round's delta (busy) falls inside
     it: here every pause holds one quiet step fewer than it lasts. Busy steps 1.1x as long as
