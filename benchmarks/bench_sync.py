@@ -149,9 +149,10 @@ class RotatingReplicas(LocalReplicas):
     A turn is timed from the ``after_step`` that begins it to the one that ends it: exactly
     ``block`` steps with all the training loop's own work, the switch itself outside. A turn's
     syncs are those applied within it, and its sync gap the mean distance between them
-    (:meth:`Turn.gap`); a round still in flight at its end was paid for in the turn and counts
-    nowhere (against the arm). A fixed-rate arm's ``period`` must divide ``block``, so every
-    turn holds the same rounds.
+    (:meth:`Turn.gap`). A round still in flight at its end counts nowhere: the part of it that
+    ran within the turn slowed the turn, and the pause finishes the rest in the switch, untimed
+    (at most one round a turn, in the arm's favour). A fixed-rate arm's ``period`` must divide
+    ``block``, so every turn holds the same rounds.
 
     Example::
 
