@@ -665,9 +665,9 @@ class SlowdownPacer:
     If a fraction ``f`` of steps is busy, training runs ``f c`` slower, so the runner keeps
     ``f <= max_slowdown / c``, with ``c`` raised by its standard error over the bracketed runs:
     for the same convexity, noise that puts the estimate low overspends by more than noise that
-    puts it as far high underspends (on emulated 10 Gbit/s hosts, where a round keeps one to
-    three steps busy, one 4% budget read costs of 0.01 to 0.21 turn to turn and lost 8%), and
-    the margin, which shrinks as the runs agree, keeps the error on the side the user asked for.
+    puts it as far high underspends (on emulated 10 Gbit/s hosts one 4% budget read costs of
+    0.01 to 0.21 turn to turn and lost 8%), and the margin, which shrinks as the runs agree,
+    keeps the error on the side the user asked for.
     A round that kept ``n_b`` steps busy is followed by ``n_b (1 - f) / f`` quiet steps. The
     pause is set in seconds, and some of it is not quiet (the step that applies the round's
     delta is busy, and it falls inside the pause): so the quiet steps a pause actually held are
