@@ -663,11 +663,13 @@ class SlowdownPacer:
     costs from -0.03 to 0.25 turn to turn against recent means, and lost 15%). Until a busy run has
     quiet steps on both sides, the means of the recent ``window`` steps of each kind stand in.
     If a fraction ``f`` of steps is busy, training runs ``f c`` slower, so the runner keeps
-    ``f <= max_slowdown / c``, with ``c`` raised by its standard error over the bracketed runs:
-    for the same convexity, noise that puts the estimate low overspends by more than noise that
-    puts it as far high underspends (on emulated 10 Gbit/s hosts one 4% budget read costs of
-    0.01 to 0.21 turn to turn and lost 8%), and the margin, which shrinks as the runs agree,
-    keeps the error on the side the user asked for.
+    ``f <= max_slowdown / c``, with ``c`` raised for its noise first: for the same convexity,
+    noise that puts the estimate low overspends by more than noise that puts it as far high
+    underspends (on emulated 10 Gbit/s hosts one 4% budget read costs of 0.01 to 0.21 turn to
+    turn and lost 8%). With ``se`` the estimate's standard error over the bracketed runs, the
+    loss ``f c_true`` averages ``max_slowdown (1 + se**2 / c**2)`` to second order, so ``c``
+    is raised by ``se**2 / c``; where ``c`` is within one ``se`` of zero (nothing tells a cheap
+    round from a free one), by ``se``. The margin shrinks as the runs agree.
     A round that kept ``n_b`` steps busy is followed by ``n_b (1 - f) / f`` quiet steps. The
     pause is set in seconds, and some of it is not quiet (the step that applies the round's
     delta is busy, and it falls inside the pause): so the quiet steps a pause actually held are
@@ -753,8 +755,9 @@ class SlowdownPacer:
         return self._cost(margin=False)
 
     def _cost(self, margin: bool) -> float:
-        """The round cost, with ``margin`` plus its standard error over the bracketed runs
-        (the ratio estimator's: residuals ``b - (1 + c) q``; zero with fewer than two runs)."""
+        """The round cost, with ``margin`` raised for its noise: by ``se**2 / c``, or by ``se``
+        where ``c <= se`` (``se``: the ratio estimator's standard error over the bracketed
+        runs, from residuals ``b - (1 + c) q``; no margin with fewer than two runs)."""
         with self._lock:
             if self._bracketed:
                 busy = sum(b for b, _, _ in self._bracketed)
@@ -763,7 +766,8 @@ class SlowdownPacer:
                 if not margin or n < 2:
                     return ratio - 1.0
                 squares = sum((b - ratio * q) ** 2 for b, q, _ in self._bracketed)
-                return ratio - 1.0 + math.sqrt(n / (n - 1) * squares) / quiet
+                cost, se = ratio - 1.0, math.sqrt(n / (n - 1) * squares) / quiet
+                return cost + (se * se / cost if cost > se else se)
             if not self._quiet or not self._busy:
                 return math.nan
             return statistics.fmean(self._busy) / statistics.fmean(self._quiet) - 1.0
@@ -775,8 +779,8 @@ class SlowdownPacer:
             return self._busy_total / total if total else math.nan
 
     def busy_fraction(self) -> float:
-        """The largest fraction of busy steps within the budget, against the round cost plus
-        its standard error (1 before any measurement)."""
+        """The largest fraction of busy steps within the budget, against the round cost raised
+        for its noise (1 before any measurement)."""
         cost = self._cost(margin=True)
         if math.isnan(cost) or cost <= self.max_slowdown:
             return 1.0

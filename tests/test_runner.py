@@ -749,26 +749,34 @@ def test_slowdown_pacer_compares_each_round_with_the_quiet_steps_beside_it() -> 
     assert pacer.round_cost() == pytest.approx(0.3)
 
 
-def test_slowdown_pacer_budgets_against_the_cost_plus_its_standard_error() -> None:
-    """Rounds that cost 0.1 and 0.3 by turns read 0.2 on average; the pacer budgets against
-    0.2 plus the ratio estimator's standard error over the runs (float64 reference), so a few
-    noisy runs space rounds out instead of sending them back to back."""
-    pacer = SlowdownPacer(0.05)
-    for _ in range(3):
-        pacer.observe(0.010, busy=False)
-    busy = [0.011, 0.013, 0.011, 0.013]
-    for step in busy:
-        for seconds, is_busy in [(step, True)] * 3 + [(0.010, False)] * 3:
-            pacer.observe(seconds, is_busy)
-    pacer.observe(0.011, busy=True)  # ends the last quiet run, which brackets the last round
-    # Each run: 3 busy steps (b) against 3 steps at the 10 ms beside it (q); Python floats.
-    b, q, n = [3 * step for step in busy], 0.030, len(busy)
-    ratio = sum(b) / (n * q)
-    se = math.sqrt(n / (n - 1) * sum((bi - ratio * q) ** 2 for bi in b)) / (n * q)
-    assert ratio - 1 == pytest.approx(0.2)
-    assert pacer.round_cost() == pytest.approx(ratio - 1)
-    assert se == pytest.approx(0.0577, abs=1e-4)
-    assert pacer.busy_fraction() == pytest.approx(0.05 / (ratio - 1 + se))
+def test_slowdown_pacer_raises_the_cost_for_its_noise() -> None:
+    """Rounds that cost 0.1 and 0.3 by turns read 0.2 on average. The pacer budgets against
+    0.2 + se**2 / 0.2 (``se``: the ratio estimator's standard error over the runs, float64
+    reference), which makes the expected loss the budget; rounds that cost -0.1 and 0.2 read
+    0.05, within one ``se`` of free, and get ``se`` itself: a 5% budget would otherwise run them
+    back to back."""
+
+    def paced(busy: list[float]) -> tuple[SlowdownPacer, float, float]:
+        pacer = SlowdownPacer(0.05)
+        for _ in range(3):
+            pacer.observe(0.010, busy=False)
+        for step in busy:
+            for seconds, is_busy in [(step, True)] * 3 + [(0.010, False)] * 3:
+                pacer.observe(seconds, is_busy)
+        pacer.observe(busy[0], busy=True)  # ends the last quiet run: the last round bracketed
+        # Each run: 3 busy steps (b) against 3 steps at the 10 ms beside it (q); Python floats.
+        b, q, n = [3 * step for step in busy], 0.030, len(busy)
+        ratio = sum(b) / (n * q)
+        se = math.sqrt(n / (n - 1) * sum((bi - ratio * q) ** 2 for bi in b)) / (n * q)
+        assert pacer.round_cost() == pytest.approx(ratio - 1)  # reported: no margin
+        return pacer, ratio - 1, se
+
+    pacer, cost, se = paced([0.011, 0.013, 0.011, 0.013])
+    assert (cost, se) == (pytest.approx(0.2), pytest.approx(0.0577, abs=1e-4))
+    assert pacer.busy_fraction() == pytest.approx(0.05 / (cost + se**2 / cost))
+    pacer, cost, se = paced([0.009, 0.012, 0.009, 0.012])
+    assert (cost, se) == (pytest.approx(0.05), pytest.approx(0.0866, abs=1e-4))
+    assert pacer.busy_fraction() == pytest.approx(0.05 / (cost + se))
     # One run alone has no spread to measure: no margin.
     single = SlowdownPacer(0.05)
     for seconds, is_busy in [(0.010, False)] * 3 + [(0.013, True)] * 3 + [(0.010, False)] * 3 + [
