@@ -660,8 +660,10 @@ class SlowdownPacer:
     busy the last ``window`` quiet steps go back far enough to carry that drift into ``c``;
     since ``f`` below is ``max_slowdown / c``, estimates too low (rounds back to back) overspend
     by more than estimates too high underspend (on emulated 1 Gbit/s hosts a 12% budget read
-    costs from -0.03 to 0.25 turn to turn against recent means, and lost 15%). Until a busy run has
-    quiet steps on both sides, the means of the recent ``window`` steps of each kind stand in.
+    costs from -0.03 to 0.25 turn to turn against recent means, and lost 15%). Until a busy run
+    has quiet steps on both sides, the means of the recent ``window`` steps of each kind stand
+    in.
+
     If a fraction ``f`` of steps is busy, training runs ``f c`` slower, so the runner keeps
     ``f <= max_slowdown / c``, with ``c`` raised for its noise first: for the same convexity,
     noise that puts the estimate low overspends by more than noise that puts it as far high
@@ -670,18 +672,19 @@ class SlowdownPacer:
     loss ``f c_true`` averages ``max_slowdown (1 + se**2 / c**2)`` to second order, so ``c``
     is raised by ``se**2 / c``; where ``c`` is within one ``se`` of zero (nothing tells a cheap
     round from a free one), by ``se``. The margin shrinks as the runs agree.
+
     A round that kept ``n_b`` steps busy is followed by ``n_b (1 - f) / f`` quiet steps. The
     pause is set in seconds, and some of it is not quiet (the step that applies the round's
     delta is busy, and it falls inside the pause): so the quiet steps a pause actually held are
     counted, and a shortfall against its target is added to the next pauses (integral
     control), or the busy share would overshoot ``f`` (on emulated 1 Gbit/s hosts it ran at
-    ~0.7 where ``f`` was ~0.55). Rounds go back to back when
-    they cost less than the budget. Every ``explore_every`` rounds a few quiet steps are forced,
-    so ``t_q`` stays current even then. Means, not medians: the step rate is set by the mean
-    step time, and much of a round's cost lands on a few of its busy steps (the one that copies
-    the snapshot, the ones its burst of socket work hits), which a median would discard; on
-    emulated 1 Gbit/s hosts the median-based pacer overshot a 5% budget. A stray slow step moves
-    a window's mean by a 1/``window`` share of its excess, for that window only.
+    ~0.7 where ``f`` was ~0.55). Rounds go back to back when they cost less than the budget.
+    Every ``explore_every`` rounds a few quiet steps are forced, so ``t_q`` stays current even
+    then. Means, not medians: the step rate is set by the mean step time, and much of a round's
+    cost lands on a few of its busy steps (the one that copies the snapshot, the ones its burst
+    of socket work hits), which a median would discard; on emulated 1 Gbit/s hosts the
+    median-based pacer overshot a 5% budget. A stray slow step moves a window's mean by a
+    1/``window`` share of its excess, for that window only.
 
     Args:
         max_slowdown: accepted loss of step rate, in (0, 1): 0.05 keeps >= 95% of it.
