@@ -710,6 +710,7 @@ class SlowdownPacer:
         # Bracketed busy runs: (busy seconds, what they would have taken at the quiet pace
         # beside them, busy steps).
         self._bracketed: collections.deque[tuple[float, float, int]] = collections.deque()
+        self._bracketed_steps = 0  # busy steps in _bracketed
         self._shortfall = 0.0  # quiet steps added to each budgeted pause
         self._lock = threading.Lock()  # observe() and the thread's reads run concurrently
 
@@ -741,9 +742,9 @@ class SlowdownPacer:
             busy_total, busy_steps, before = self._pending
             self._pending = None
             self._bracketed.append((busy_total, busy_steps * (before + after) / 2, busy_steps))
-            while sum(n for _, _, n in self._bracketed) - self._bracketed[0][2] >= (
-                    self._busy.maxlen or 0):
-                self._bracketed.popleft()
+            self._bracketed_steps += busy_steps
+            while self._bracketed_steps - self._bracketed[0][2] >= (self._busy.maxlen or 0):
+                self._bracketed_steps -= self._bracketed.popleft()[2]
         self._quiet_before = after
 
     def interrupt(self) -> None:
