@@ -654,7 +654,7 @@ class SlowdownPacer:
     The training loop reports each step's wall time and whether a round touched it (the step
     applied a delta, took a snapshot, or ran while a round was in flight). Each run of *busy*
     steps is compared with the runs of *quiet* steps just before and after it, and from the
-    recent runs, ``window`` busy steps' worth, it knows the cost of a round per step,
+    recent runs, ``cost_window`` busy steps' worth, it knows the cost of a round per step,
     ``c = t_b / t_q - 1`` (busy seconds over what those steps would have taken at the quiet
     pace beside them). Beside, not overall: a machine's speed drifts, and where most steps are
     busy the last ``window`` quiet steps go back far enough to carry that drift into ``c``;
@@ -671,7 +671,9 @@ class SlowdownPacer:
     turn and lost 8%). With ``se`` the estimate's standard error over the bracketed runs, the
     loss ``f c_true`` averages ``max_slowdown (1 + se**2 / c**2)`` to second order, so ``c``
     is raised by ``se**2 / c``; where ``c`` is within one ``se`` of zero (nothing tells a cheap
-    round from a free one), by ``se``. The margin shrinks as the runs agree.
+    round from a free one), by ``se``. The margin shrinks as the runs agree and as there are
+    more of them, so ``cost_window`` holds more busy steps than ``window``: a round's cost per
+    step drifts far less than the machine's pace, which the bracketing follows instead.
 
     A round that kept ``n_b`` steps busy is followed by ``n_b (1 - f) / f`` quiet steps. The
     pause is set in seconds, and some of it is not quiet (the step that applies the round's
@@ -688,15 +690,23 @@ class SlowdownPacer:
 
     Args:
         max_slowdown: accepted loss of step rate, in (0, 1): 0.05 keeps >= 95% of it.
-        window: steps of each kind whose mean is used.
+        window: steps of each kind whose mean is used (the quiet step time that converts a
+            pause into seconds, and the round cost until runs are bracketed).
         explore_every: rounds between forced quiet windows when rounds are free enough to go
             back to back.
+        cost_window: busy steps' worth of bracketed runs the round cost is estimated from.
     """
 
-    def __init__(self, max_slowdown: float, window: int = 32, explore_every: int = 16) -> None:
+    def __init__(self, max_slowdown: float, window: int = 32, explore_every: int = 16,
+                 cost_window: int = 128) -> None:
         check("max_slowdown", max_slowdown)
+        for name, value in [("window", window), ("explore_every", explore_every),
+                            ("cost_window", cost_window)]:
+            if value < 1:
+                raise ValueError(f"SlowdownPacer {name} must be >= 1, got {value}")
         self.max_slowdown = max_slowdown
         self.explore_every = explore_every
+        self.cost_window = cost_window
         self._quiet: collections.deque[float] = collections.deque(maxlen=window)
         self._busy: collections.deque[float] = collections.deque(maxlen=window)
         self._busy_steps_this_round = self._quiet_steps_this_round = 0
@@ -743,7 +753,7 @@ class SlowdownPacer:
             self._pending = None
             self._bracketed.append((busy_total, busy_steps * (before + after) / 2, busy_steps))
             self._bracketed_steps += busy_steps
-            while self._bracketed_steps - self._bracketed[0][2] >= (self._busy.maxlen or 0):
+            while self._bracketed_steps - self._bracketed[0][2] >= self.cost_window:
                 self._bracketed_steps -= self._bracketed.popleft()[2]
         self._quiet_before = after
 

@@ -716,6 +716,8 @@ def test_slowdown_pacer_keeps_the_busy_share_within_budget() -> None:
     assert tail.busy_fraction() == pytest.approx(0.05 / tail.round_cost())
     with pytest.raises(ValueError, match="max_slowdown"):
         SlowdownPacer(1.0)
+    with pytest.raises(ValueError, match="cost_window must be >= 1, got 0"):
+        SlowdownPacer(0.05, cost_window=0)
 
 
 def test_slowdown_pacer_compares_each_round_with_the_quiet_steps_beside_it() -> None:
@@ -742,11 +744,14 @@ def test_slowdown_pacer_compares_each_round_with_the_quiet_steps_beside_it() -> 
     for seconds, busy in [(0.050, True)] * 3 + [(0.010, False)] * 3:
         pacer.observe(seconds, busy)
     assert pacer.round_cost() == pytest.approx(0.2)
-    # Only the last window (32) of busy steps' worth of runs counts: dearer rounds replace it.
-    for _ in range(12):
-        for seconds, busy in [(0.013, True)] * 3 + [(0.010, False)] * 3:
-            pacer.observe(seconds, busy)
-    assert pacer.round_cost() == pytest.approx(0.3)
+    # Only the last cost_window (128) busy steps' worth of runs counts: dearer rounds replace
+    # it. It holds 43 runs of 3 (without the oldest, 126 would be too few), and the 0.2 runs
+    # leave it one by one (each round brackets the run before it).
+    for rounds, cost in [(43, 0.3 - 0.1 / 43), (1, 0.3)]:
+        for _ in range(rounds):
+            for seconds, busy in [(0.013, True)] * 3 + [(0.010, False)] * 3:
+                pacer.observe(seconds, busy)
+        assert pacer.round_cost() == pytest.approx(cost)
 
 
 def test_slowdown_pacer_raises_the_cost_for_its_noise() -> None:
