@@ -53,6 +53,7 @@ RANGES: dict[str, Interval] = {
     "min_interval_s": Interval(0),
     "max_comm_share": Interval(0, 1, (False, True)),
     "max_slowdown": Interval(0, 1, (False, False)),
+    "slowdown_window": Interval(1),
     "chunk_mb": Interval(0, closed=(False, True)),
     "timeout_s": Interval(0, closed=(False, True)),
     "rejoin_after_steps": Interval(1),
@@ -111,8 +112,8 @@ def strategy_algorithms() -> list[str]:
 
 # Settings of every strategy run by the ShadowSync runner, and which of them each mode reads.
 _FIXED_RATE_ONLY = ("period",)
-_SHADOW_ONLY = ("min_interval_s", "max_comm_share", "max_slowdown", "thread_nice",
-                "max_staleness")
+_SHADOW_ONLY = ("min_interval_s", "max_comm_share", "max_slowdown", "slowdown_window",
+                "thread_nice", "max_staleness")
 
 
 @dataclass
@@ -137,8 +138,11 @@ class SyncConfig:
     Pacing of shadow rounds: ``max_slowdown`` is the share of the training step rate the user
     accepts to lose to synchronization (0.05: keep >= 95%); the runner measures what a round in
     flight costs a step and spaces rounds to stay within it, so the sync gap adapts to the
-    link, the CPU and the model. ``min_interval_s`` and ``max_comm_share`` are fixed floors on
-    the spacing (with ``chunk_mb``, ``max_comm_share``'s pause is taken between the chunks).
+    link, the CPU and the model; it estimates that cost from the last ``slowdown_window`` steps
+    a round touched (longer: steadier, so a smaller margin for noise and more frequent rounds;
+    shorter: follows a change in the round's cost sooner). ``min_interval_s`` and
+    ``max_comm_share`` are fixed floors on the spacing (with ``chunk_mb``, ``max_comm_share``'s
+    pause is taken between the chunks).
     ``wire_dtype`` sends each round's payload in bfloat16 or float16 (differences
     to a rank-identical reference; half the bytes), shadow and fixed-rate alike. ``chunk_mb``
     splits each round's allreduce into collectives of at most that size, so a round never
@@ -163,6 +167,7 @@ class SyncConfig:
     min_interval_s: float = 0.0
     max_comm_share: float | None = None
     max_slowdown: float | None = None
+    slowdown_window: int = 128
     wire_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     chunk_mb: float | None = None
     final_sync: bool = True
@@ -202,6 +207,8 @@ class SyncConfig:
             readers = [n for n, a in sorted(ALGORITHMS.items()) if "period" in a.reads]
             where.update(dict.fromkeys(_FIXED_RATE_ONLY, " or ".join(
                 ["sync.mode=fixed_rate"] + [f"sync.algorithm={n}" for n in readers])))
+            if self.max_slowdown is None:
+                where["slowdown_window"] = "sync.max_slowdown set"
         else:
             where.update(dict.fromkeys(_SHADOW_ONLY, "sync.mode=shadow"))
         return where

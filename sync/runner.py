@@ -869,7 +869,8 @@ class ShadowSyncRunner(SyncRunner):
     Pacing: round ``r+1`` starts no earlier than ``min_interval_s`` after round ``r`` started,
     no earlier than ``busy * (1 / max_comm_share - 1)`` after it ended (``busy``: the round's
     time from snapshot to posted delta), and, with ``max_slowdown``, after as many quiet
-    training steps as :class:`SlowdownPacer` finds keep the step rate within that budget. Each
+    training steps as :class:`SlowdownPacer` finds keep the step rate within that budget (its
+    ``cost_window`` is ``slowdown_window``). Each
     rank proposes that pause in the round's buffer and all take the mean, so the ranks start
     their next round together. With ``chunk_bytes`` the ``max_comm_share`` pause is spread
     between the chunks (each chunk's transfer time times ``1 / max_comm_share - 1``), so a round
@@ -924,16 +925,19 @@ class ShadowSyncRunner(SyncRunner):
     def __init__(self, params: Sequence[Tensor], strategy: SyncStrategy,
                  group: dist.ProcessGroup, *, min_interval_s: float = 0.0,
                  max_comm_share: float = 1.0, max_slowdown: float | None = None,
-                 deadline_s: float | None = None, chunk_bytes: int | None = None,
-                 thread_nice: int = 0, max_staleness: int | None = None) -> None:
+                 slowdown_window: int = 128, deadline_s: float | None = None,
+                 chunk_bytes: int | None = None, thread_nice: int = 0,
+                 max_staleness: int | None = None) -> None:
         check("min_interval_s", min_interval_s)
+        check("slowdown_window", slowdown_window)
         check("thread_nice", thread_nice)
         check("max_staleness", max_staleness)
         check("max_comm_share", max_comm_share)
         if deadline_s is not None and not deadline_s > min_interval_s:
             raise ValueError(f"deadline_s must be > min_interval_s ({min_interval_s}), "
                              f"got {deadline_s}")
-        self._pacer = SlowdownPacer(max_slowdown) if max_slowdown is not None else None
+        self._pacer = (SlowdownPacer(max_slowdown, cost_window=slowdown_window)
+                       if max_slowdown is not None else None)
         super().__init__(params, strategy, group, chunk_bytes=chunk_bytes)
         self._comm_pause = 1 / max_comm_share - 1
         self._min_interval_s = min_interval_s

@@ -331,6 +331,7 @@ class ShadowSyncReplicas(LocalReplicas):
                 min_interval_s=cfg.min_interval_s,
                 max_comm_share=cfg.max_comm_share if cfg.max_comm_share is not None else 1.0,
                 max_slowdown=cfg.max_slowdown,
+                slowdown_window=cfg.slowdown_window,
                 chunk_bytes=chunk,
                 deadline_s=cfg.timeout_s,
                 thread_nice=cfg.thread_nice,

@@ -35,6 +35,7 @@ def test_overrides_are_typed_and_applied() -> None:
     ("sync.alpha=1.5", r"sync.alpha must be in \(0, 1\]"),
     ("sync.thread_nice=20", r"sync.thread_nice must be in \[0, 19\]"),
     ("sync.max_staleness=0", "sync.max_staleness must be >= 1, got 0"),
+    ("sync.slowdown_window=0", "sync.slowdown_window must be >= 1, got 0"),
     ("sharding.types=[row_wise, bogus]", r"sharding.types\[1\]: must be one of"),
     ("train.steps=true", "train.steps"),
     ("model.embedding_dim=8", "must end in model.embedding_dim"),
@@ -115,6 +116,9 @@ def test_numbers_as_people_type_them() -> None:
      "sync.max_slowdown=0.2 does nothing with sync.algorithm=ma sync.mode=fixed_rate; it acts "
      "with sync.mode=shadow"),
     (["sync.mode=fixed_rate", "sync.max_staleness=1"], "sync.max_staleness=1 does nothing"),
+    (["sync.max_slowdown=null", "sync.slowdown_window=64"],
+     "sync.slowdown_window=64 does nothing with sync.algorithm=ma sync.mode=shadow; it acts "
+     "with sync.max_slowdown set"),
     (["sync.algorithm=bmuf", "sync.alpha=0.9"], "sync.alpha=0.9 does nothing"),
     (["sync.algorithm=easgd", "sync.nesterov=true"], "sync.nesterov=True does nothing"),
 ])

@@ -143,10 +143,14 @@ def test_rejects_bad_arguments(world1: dist.ProcessGroup) -> None:
         (lambda: ShadowSyncRunner(ps, ma, world1, thread_nice=20), ValueError, "thread_nice"),
         (lambda: ShadowSyncRunner(ps, ma, world1, max_staleness=0), ValueError,
          "max_staleness"),
+        (lambda: ShadowSyncRunner(ps, ma, world1, max_slowdown=0.05, slowdown_window=0),
+         ValueError, "slowdown_window"),
     ]
     for make, exc, match in cases:
         with pytest.raises(exc, match=match):
             make()
+    paced = ShadowSyncRunner(ps, ma, world1, max_slowdown=0.05, slowdown_window=64)
+    assert paced._pacer is not None and paced._pacer.cost_window == 64
     runner = ShadowSyncRunner(ps, ma, world1)
     with pytest.raises(RuntimeError, match="not started"):
         runner.step()
