@@ -866,23 +866,22 @@ class ShadowSyncRunner(SyncRunner):
     A snapshot is taken only when the thread asks for one, so training pays one O(parameters)
     copy per round, not per step. The thread never writes live parameters.
 
-    Pacing: round ``r+1`` starts no earlier than ``min_interval_s`` after round ``r`` started,
-    no earlier than ``busy * (1 / max_comm_share - 1)`` after it ended (``busy``: the round's
-    time from snapshot to posted delta), and, with ``max_slowdown``, after as many quiet
-    training steps as :class:`SlowdownPacer` finds keep the step rate within that budget (its
-    ``cost_window`` is ``slowdown_window``). Each
-    rank proposes that pause in the round's buffer and all take the mean, so the ranks start
-    their next round together. With ``chunk_bytes`` the ``max_comm_share`` pause is spread
-    between the chunks (each chunk's transfer time times ``1 / max_comm_share - 1``), so a round
-    never holds a shared link for more than one chunk at a time and training's own traffic gets
-    through in between. The defaults run rounds back to back. ``thread_nice`` raises the
-    thread's nice value: on cores that training keeps busy, a round's CPU work (copies,
-    reduction, socket I/O) then runs in the time training leaves, and rounds take longer
-    instead of slowing steps, as ``socket_ifname`` of :func:`new_sync_group` does for the link.
-    A round whose next round may start at once is posted together with the next snapshot
-    request, so a boundary can apply one round and start the next. A pause that :meth:`stop`
-    cut short is finished after the next :meth:`start` before the first round, so stopping
-    (say for a checkpoint) does not buy an unpaced round.
+    Pacing: round ``r+1`` starts no earlier than ``min_interval_s`` after round ``r`` started, no
+    earlier than ``busy * (1 / max_comm_share - 1)`` after it ended (``busy``: the round's time from
+    snapshot to posted delta), and, with ``max_slowdown``, after as many quiet training steps as
+    :class:`SlowdownPacer` finds keep the step rate within that budget (its ``cost_window`` is
+    ``slowdown_window``). Each rank proposes that pause in the round's buffer and all take the mean,
+    so the ranks start their next round together. With ``chunk_bytes`` the ``max_comm_share`` pause
+    is spread between the chunks (each chunk's transfer time times ``1 / max_comm_share - 1``), so a
+    round never holds a shared link for more than one chunk at a time and training's own traffic
+    gets through in between. The defaults run rounds back to back. ``thread_nice`` raises the
+    thread's nice value: on cores that training keeps busy, a round's CPU work (copies, reduction,
+    socket I/O) then runs in the time training leaves, and rounds take longer instead of slowing
+    steps, as ``socket_ifname`` of :func:`new_sync_group` does for the link. A round whose next
+    round may start at once is posted together with the next snapshot request, so a boundary can
+    apply one round and start the next. A pause that :meth:`stop` cut short is finished after the
+    next :meth:`start` before the first round, so stopping (say for a checkpoint) does not buy an
+    unpaced round.
 
     Bounded staleness: with ``max_staleness`` ``K``, a boundary ``K`` steps after a round's
     snapshot waits until that round's delta is posted (``shadowsync.wait``), so no sync is
