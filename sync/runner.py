@@ -700,8 +700,8 @@ class SlowdownPacer:
     def __init__(self, max_slowdown: float, window: int = 32, explore_every: int = 16,
                  cost_window: int = 128) -> None:
         check("max_slowdown", max_slowdown)
-        for name, value in [("window", window), ("explore_every", explore_every),
-                            ("cost_window", cost_window)]:
+        check("slowdown_window", cost_window, "cost_window")
+        for name, value in [("window", window), ("explore_every", explore_every)]:
             if value < 1:
                 raise ValueError(f"SlowdownPacer {name} must be >= 1, got {value}")
         self.max_slowdown = max_slowdown
