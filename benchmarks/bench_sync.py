@@ -118,6 +118,9 @@ class Turn:
     round_cost: float = math.nan
     busy_share: float = math.nan
     applied_at: list[int] = dataclasses.field(default_factory=list)  # steps 1..block
+    # with a trace: each step's seconds, and whether synchronization touched it
+    step_seconds: list[float] = dataclasses.field(default_factory=list)
+    step_busy: list[bool] = dataclasses.field(default_factory=list)
 
     @property
     def syncs_applied(self) -> int:
@@ -154,6 +157,12 @@ class RotatingReplicas(LocalReplicas):
     (at most one round a turn, in the arm's favour). A fixed-rate arm's ``period`` must divide
     ``block``, so every turn holds the same rounds.
 
+    With ``trace``, each turn also keeps every step's seconds and whether synchronization
+    touched it (:attr:`~shadowsync.sync.runner.SyncRunner.step_busy`), each step timed from
+    one ``after_step`` to the next on the runner's own step clock (a step's boundary work,
+    the snapshot copy, the delta or a blocking round, counts in the step it begins): where
+    in the steps around a round its cost lands (:func:`rows.footprint`).
+
     Example::
 
         wrapper = RotatingReplicas({"none": None, "FR k=10": fr_cfg, "S": shadow_cfg}, 100)
@@ -163,7 +172,7 @@ class RotatingReplicas(LocalReplicas):
     """
 
     def __init__(self, arms: dict[str, SyncConfig | None], block: int,
-                 bracket: str | None = None) -> None:
+                 bracket: str | None = None, trace: bool = False) -> None:
         super().__init__()
         if not arms:
             raise ValueError("RotatingReplicas needs at least one arm")
@@ -186,11 +195,13 @@ class RotatingReplicas(LocalReplicas):
         self.arms = arms
         self.block = block
         self.bracket = bracket
+        self.trace = trace
         self.children: dict[str, ShadowSyncReplicas] = {}
         self.turns: list[Turn] = []
         self._steps = 0
         self._active: ShadowSyncReplicas | None = None
         self._applied = 0  # the active runner's syncs_applied after the last step
+        self._step_began = 0.0  # the last after_step, or the turn's start (trace)
 
     def order(self, cycle: int) -> list[str]:
         """The arms in the order cycle ``cycle`` runs them (:func:`turn_order`)."""
@@ -233,7 +244,8 @@ class RotatingReplicas(LocalReplicas):
         self.turns.append(Turn(name, cycle, -time.perf_counter(), -reduced, -tx))
         if self._active is not None:
             self._active.resume()
-        self.turns[-1].seconds = -time.perf_counter()
+        self._step_began = time.perf_counter()
+        self.turns[-1].seconds = -self._step_began
 
     def _end(self) -> None:
         ended = time.perf_counter()
@@ -250,6 +262,12 @@ class RotatingReplicas(LocalReplicas):
 
     def after_step(self) -> None:
         self._steps += 1
+        if self.trace:
+            now, turn = time.perf_counter(), self.turns[-1]
+            turn.step_seconds.append(now - self._step_began)
+            turn.step_busy.append(self._active is not None
+                                  and self._runner_of(self._active).step_busy)
+            self._step_began = now
         if self._active is not None:
             self._active.after_step()
             applied = self._runner_of(self._active).syncs_applied
@@ -293,6 +311,7 @@ def run_interleaved(
     cycles: int,
     block: int,
     bracket: bool = False,
+    trace: bool = False,
 ) -> list[dict[str, Any]]:
     """For each seed, one training run in which the arms take turns of ``block`` steps
     (:class:`RotatingReplicas`) for ``cycles + 1`` cycles; the first cycle is a warm-up and
@@ -318,7 +337,7 @@ def run_interleaved(
         cfg = load_config(preset, [*common, f"train.seed={seed}", "sync.algorithm=none",
                                    f"train.steps={steps}", f"train.log_every={steps + 1}",
                                    f"train.epochs={steps}"])
-        wrapper = RotatingReplicas(syncs, block, base)
+        wrapper = RotatingReplicas(syncs, block, base, trace)
         with Trainer(cfg, env, build_dataset(cfg.data.name, **cfg.data.options),
                      wrapper=wrapper) as trainer:
             summary = trainer.train()
@@ -333,6 +352,12 @@ def run_interleaved(
         examples = block * cfg.train.batch_size * env.world_size
         beside = (bracket_seconds([t.arm for t in turns], seconds.tolist(), base)
                   if base is not None else [math.nan] * len(turns))
+        if trace:  # each step as its slowest rank took it, busy where any rank's was
+            traced = torch.tensor([[t.step_seconds, t.step_busy] for t in turns],
+                                  dtype=torch.float64)
+            dist.all_reduce(traced, op=dist.ReduceOp.MAX)
+            for turn, (step_seconds, step_busy) in zip(turns, traced.tolist(), strict=True):
+                turn.step_seconds, turn.step_busy = step_seconds, [b > 0 for b in step_busy]
         for turn, secs, tx, near in zip(turns, seconds.tolist(), sent.tolist(), beside,
                                         strict=True):
             if turn.cycle == 0 or turn.cycle > cycles:  # the warm-up; a closing bracket turn
@@ -351,6 +376,8 @@ def run_interleaved(
                            sync_gap_mean=turn.gap())
             if on_wire:
                 row["wire_bytes"] = tx
+            if trace:
+                row.update(step_seconds=turn.step_seconds, step_busy=turn.step_busy)
             rows.append(row)
         if env.rank == 0:
             print(f"seed {seed}: {cycles} cycles of {per_cycle} turns of {block} steps; the "
@@ -469,10 +496,14 @@ def main() -> int:
     parser.add_argument("--bracket", action="store_true",
                         help="with --interleave: a none turn before every other turn, each "
                              "turn compared with the none turns beside it")
+    parser.add_argument("--trace", action="store_true",
+                        help="with --interleave: keep every step's seconds and whether "
+                             "synchronization touched it in each turn's row")
     parser.add_argument("overrides", nargs="*", help="overrides common to every arm")
     args = parser.parse_args()
-    if args.bracket and not args.interleave:
-        parser.error("--bracket needs --interleave")
+    for flag in ("bracket", "trace"):
+        if getattr(args, flag) and not args.interleave:
+            parser.error(f"--{flag} needs --interleave")
     logging.basicConfig(level=logging.WARNING, force=True)
     arms = args.arm or [parse_arm(a) for a in DEFAULT_ARMS]
     common = ["eval.every_steps=null", "logging.progress_bar=false", *args.overrides]
@@ -481,7 +512,7 @@ def main() -> int:
     env = init_distributed(300.0)
     if args.interleave:
         rows = run_interleaved(env, args.config, common, arms, args.seeds, args.repeats,
-                               args.interleave, args.bracket)
+                               args.interleave, args.bracket, args.trace)
     else:
         rows = run_all(env, args.config, common, arms, args.seeds, args.repeats)
     if env.rank == 0:

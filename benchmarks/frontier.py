@@ -30,7 +30,10 @@ model). With ``--bracket`` a ``none`` turn runs before every other turn and each
 compared with the ``none`` turns beside it, not with ``none``'s turn a cycle away: on 2 shared
 cores the machine's speed wanders over tens of seconds (turns a few seconds apart read more
 alike than turns a cycle apart), and the nearer baseline leaves that part out; changes faster
-than a turn stay. It doubles a job's turns.
+than a turn stay. It doubles a job's turns. With ``--trace`` as well, every step is timed and
+marked where synchronization touched it, and the report splits each arm's loss by kind of step
+(the step a round is in flight, the one its delta lands in, the quiet steps after): whether a
+round's cost lands where the accepted-slowdown pacer measures it.
 
 Each (hosts, link) job writes ``raw/h<N>_<link>.json`` (every run, as ``bench_sync --json``
 writes it) as soon as it ends, so a sweep can be stopped and resumed (``--skip-done``); the
@@ -59,7 +62,7 @@ from cluster import (  # noqa: E402
     Interrupted,
     parse_rate,
 )
-from rows import baseline, first_per_seed, mean_of, stdev_of  # noqa: E402
+from rows import STEP_KINDS, baseline, first_per_seed, footprint, mean_of, stdev_of  # noqa: E402
 from scaling_model import arm_overrides  # noqa: E402
 
 from shadowsync.pipelines.records import current_keys  # noqa: E402
@@ -142,6 +145,7 @@ def run_job(out: Path, hosts: int, link: str, args: argparse.Namespace, command:
             "--repeats", str(args.repeats), "--seeds", *map(str, args.seeds),
             *(["--interleave", str(args.interleave)] if args.interleave else []),
             *(["--bracket"] if args.bracket else []),
+            *(["--trace"] if args.trace else []),
             "--json", str(raw.resolve()),
             *[f"--arm={a}" for a in default_arms(
                 args.algorithm, args.periods, args.shadow, args.wires,
@@ -176,7 +180,8 @@ def _spread(values: list[float]) -> dict[str, float]:
 def summarize(rows: list[dict[str, Any]], world_size: int) -> list[dict[str, Any]]:
     """Per arm: ratio to the same repeat's ``none``, or to the ``none`` turns beside each turn
     (``bench_sync --bracket``), as median, min and max; mean sync gap, bytes on the wire per
-    example, eval NE over seeds."""
+    example, eval NE over seeds; with an accepted-slowdown pacer, the loss it reckoned it
+    caused (its busy share times its round cost, averaged over the runs)."""
     base = {(r["seed"], r["repeat"]): r["examples_per_s"] for r in rows if r["arm"] == "none"}
     out = []
     for arm in dict.fromkeys(r["arm"] for r in rows):
@@ -191,6 +196,9 @@ def summarize(rows: list[dict[str, Any]], world_size: int) -> list[dict[str, Any
         sync = [r["sync_bytes_reduced"] * 2 * (world_size - 1) / e
                 for r, e in zip(mine, examples, strict=True) if "sync_bytes_reduced" in r]
         per_seed = first_per_seed(mine)  # eval NE is NaN in turns (one model)
+        reckoned = [r["sync_busy_share"] * r["sync_round_cost"] for r in mine
+                    if not math.isnan(r.get("sync_busy_share", math.nan))
+                    and not math.isnan(r.get("sync_round_cost", math.nan))]
         out.append({
             "arm": arm,
             "runs": len(mine),
@@ -202,6 +210,7 @@ def summarize(rows: list[dict[str, Any]], world_size: int) -> list[dict[str, Any
             "sync_per_example": statistics.fmean(sync) if sync else 0.0,
             "ne": mean_of(per_seed, "eval_ne"),
             "ne_sd": stdev_of(per_seed, "eval_ne"),
+            "reckoned": statistics.fmean(reckoned) if reckoned else math.nan,
         })
     return out
 
@@ -252,7 +261,8 @@ def slowdown_budgets(arms: Mapping[str, str]) -> dict[str, float]:
 def slowdown_goal(arms: list[dict[str, Any]], budgets: Mapping[str, float] | None = None
                   ) -> list[dict[str, Any]]:
     """For each accepted-slowdown arm: its ratio to ``none`` against the ``1 - p`` it was
-    asked to keep (met only when its whole spread clears it), its mean sync gap, and the FR
+    asked to keep (met only when its whole spread clears it), the loss the pacer reckoned it
+    caused (:func:`summarize`), its mean sync gap, and the FR
     arm of the same wire dtype with the closest median throughput, with how many times less
     often that FR arm synchronizes. ``budgets`` (:func:`slowdown_budgets`) gives each arm's
     ``p`` as its job ran it; without them ``p`` is read from labels ``S <p>%...``."""
@@ -270,7 +280,8 @@ def slowdown_goal(arms: list[dict[str, Any]], budgets: Mapping[str, float] | Non
         keep = 1 - budget
         near = min(fr, key=lambda f: abs(f["ratio"]["median"] - a["ratio"]["median"]))
         rows.append({"arm": a["arm"], "keep": keep, "ratio": a["ratio"], "gap": a["gap"],
-                     "kept": a["ratio"]["min"] >= keep, "fr": near["arm"],
+                     "kept": a["ratio"]["min"] >= keep, "reckoned": a["reckoned"],
+                     "fr": near["arm"],
                      "fr_ratio": near["ratio"]["median"], "fr_gap": near["gap"],
                      "less_often": near["gap"] / a["gap"]})
     return rows
@@ -278,16 +289,37 @@ def slowdown_goal(arms: list[dict[str, Any]], budgets: Mapping[str, float] | Non
 
 def slowdown_table(rows: list[dict[str, Any]]) -> str:
     lines = ["| accepted-slowdown arm | asked to keep | ratio to none, median [min, max] | "
-             "whole spread kept | mean sync gap | FR of closest throughput (its ratio, gap) | "
-             "FR syncs this many times less often |",
-             "|---|---:|---:|---|---:|---|---:|"]
+             "whole spread kept | loss the pacer reckoned | mean sync gap | "
+             "FR of closest throughput (its ratio, gap) | FR syncs this many times less often |",
+             "|---|---:|---:|---|---:|---:|---|---:|"]
     for g in rows:
-        r = g["ratio"]
+        r, reckoned = g["ratio"], g["reckoned"]
         lines.append(f"| {g['arm']} | {g['keep']:.2f} | {r['median']:.3f} [{r['min']:.3f}, "
                      f"{r['max']:.3f}] | {'yes' if g['kept'] else '**no**'} | "
+                     f"{'-' if math.isnan(reckoned) else f'{reckoned:.1%}'} | "
                      f"{_f(g['gap'], 1)} | {g['fr']} ({g['fr_ratio']:.3f}, "
                      f"{_f(g['fr_gap'], 1)}) | {_f(g['less_often'], 1)} |")
     return "\n".join(lines)
+
+
+def footprint_table(rows: list[dict[str, Any]]) -> str:
+    """Where each traced arm's cost lands (:func:`rows.footprint`); empty without traces."""
+    arms = footprint(rows)
+    if not arms:
+        return ""
+    lines = ["| arm | loss of step rate | on busy steps | on quiet steps | "
+             + " | ".join(STEP_KINDS) + " |", "|---|" + "---:|" * (3 + len(STEP_KINDS))]
+    for arm, kinds in arms.items():
+        busy = sum(share for k, (_, _, share) in kinds.items() if k.startswith("busy"))
+        cells = [f"{kinds[k][0]:+.1%} ({kinds[k][1]})" if k in kinds else "-"
+                 for k in STEP_KINDS]
+        lines.append(f"| {arm} | {kinds['all'][0]:+.1%} | {busy:+.1%} | "
+                     f"{kinds['all'][0] - busy:+.1%} | " + " | ".join(cells) + " |")
+    return ("Where the cost lands (`--trace`): each kind of step's mean excess over the `none` "
+            "pace beside its turn (how many steps); *busy k*: the k-th step of a run that "
+            "synchronization touched (a snapshot, a delta, a round in flight or, for FR, the "
+            "blocking round); *quiet k*: k steps after the last of them; the two sums: each "
+            "kind's share of the loss.\n\n" + "\n".join(lines) + "\n\n")
 
 
 def _f(x: float, digits: int = 3) -> str:
@@ -398,6 +430,7 @@ def report(out: Path, links: Sequence[str]) -> str:
     commands: dict[tuple[str, int], str] = {}
     turns: dict[tuple[str, int], int | None] = {}  # --interleave's turn length, if any
     bracketed: dict[tuple[str, int], bool] = {}
+    footprints: dict[tuple[str, int], str] = {}
     for raw in sorted((out / "raw").glob("h*_*.json")):
         hosts_s, link = raw.stem.split("_", 1)
         hosts = int(hosts_s[1:])
@@ -406,6 +439,7 @@ def report(out: Path, links: Sequence[str]) -> str:
         by_link.setdefault(link, {})[hosts] = arms
         turns[(link, hosts)] = rows[0].get("interleave") if rows else None
         bracketed[(link, hosts)] = any("baseline_examples_per_s" in r for r in rows)
+        footprints[(link, hosts)] = footprint_table(rows)
         cmd = raw.with_suffix(".cmd")
         commands[(link, hosts)] = cmd.read_text() if cmd.exists() else "(not recorded)\n"
     order = [link for link in links if link in by_link] + sorted(set(by_link) - set(links))
@@ -423,6 +457,7 @@ def report(out: Path, links: Sequence[str]) -> str:
                             + aa_line(arms)
                             + f"{dominance_table(dominance(arms))}\n\n"
                             + (f"{slowdown_table(goal)}\n\n" if goal else "")
+                            + footprints[(link, hosts)]
                             + (f"<details><summary>arms</summary>\n\n{arm_list}\n</details>\n"
                                if arm_list else ""))
         sections.append(f"![frontier at {link}](frontier_{link}.png)\n")
@@ -483,10 +518,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="low (default): the FR and shadow arms' sync traffic in a low "
                              "traffic class on every link (cluster.py --sync-class); same: one "
                              "FIFO per link")
+    parser.add_argument("--trace", action="store_true",
+                        help="with --interleave --bracket: time every step and mark the ones "
+                             "synchronization touched (bench_sync --trace); the report then "
+                             "shows where each arm's cost lands")
     parser.add_argument("overrides", nargs="*", help="overrides common to every arm")
     args = parser.parse_args(argv)
     if args.bracket and not args.interleave:
         parser.error("--bracket needs --interleave")
+    if args.trace and not args.bracket:
+        parser.error("--trace needs --interleave --bracket (steps are set against none's pace)")
     if args.chunk_ms is None:
         args.chunk_ms = CHUNK_MS if args.sync_class == "same" else 0.0
     (args.out / "raw").mkdir(parents=True, exist_ok=True)

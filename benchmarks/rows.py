@@ -76,3 +76,52 @@ def baseline(row: dict[str, Any], nones: dict[tuple[int, int], float]) -> float:
     if "baseline_examples_per_s" in row:
         return float(row["baseline_examples_per_s"])
     return nones.get((row["seed"], row["repeat"]), math.nan)
+
+
+# The kinds of step a traced turn is split into (footprint): the steps synchronization
+# touched, by their place in a run of such steps, and the steps it did not, by how far they
+# follow the last one.
+STEP_KINDS = ("busy 1", "busy 2", "busy 3+", "quiet 1", "quiet 2", "quiet 3+", "before any")
+
+
+def step_kinds(busy: list[bool]) -> list[str]:
+    """Each step's kind (:data:`STEP_KINDS`): ``busy k``, the k-th of a run of steps
+    synchronization touched; ``quiet k``, k steps after the last of them; ``before any``,
+    untouched before the turn's first."""
+    kinds, run, since = [], 0, None
+    for b in busy:
+        if b:
+            run, since = run + 1, 0
+            kinds.append(f"busy {run}" if run < 3 else "busy 3+")
+        else:
+            run = 0
+            since = None if since is None else since + 1
+            kinds.append("before any" if since is None else
+                         f"quiet {since}" if since < 3 else "quiet 3+")
+    return kinds
+
+
+def footprint(rows: list[dict[str, Any]]) -> dict[str, dict[str, tuple[float, int, float]]]:
+    """Where synchronization's cost lands, from traced, bracketed turns (``bench_sync
+    --trace --bracket``): per arm and kind of step (:func:`step_kinds`), the mean excess of
+    its steps over the ``none`` pace beside their turn, how many steps, and their share of
+    the arm's loss (excess summed over all the arm's steps). ``all``: every step, whose
+    excess is the arm's loss of step rate (``1 / ratio - 1`` with the turns weighted alike).
+    The accepted-slowdown pacer sets busy steps against the quiet ones beside them, so a
+    cost that lands on quiet steps is one it cannot see."""
+    excess: dict[str, dict[str, list[float]]] = {}
+    for r in rows:
+        if "step_seconds" not in r or "baseline_examples_per_s" not in r:
+            continue
+        pace = (r["train_seconds"] * r["examples_per_s"] / r["baseline_examples_per_s"]
+                / len(r["step_seconds"]))
+        mine = excess.setdefault(r["arm"], {})
+        for seconds, kind in zip(r["step_seconds"], step_kinds(r["step_busy"]), strict=True):
+            for key in (kind, "all"):
+                mine.setdefault(key, []).append(seconds / pace - 1)
+    out = {}
+    for arm, kinds in excess.items():
+        n = len(kinds["all"])
+        out[arm] = {k: (statistics.fmean(v), len(v), sum(v) / n)
+                    for k, v in kinds.items()}
+    return out

@@ -315,6 +315,7 @@ class SyncRunner(abc.ABC):
         self.on_failure: Callable[[SyncError], None] | None = None
         self._lock = threading.Lock()
         self._counters = _Counters()
+        self._step_busy = False  # synchronization touched the step in progress
 
     # ------------------------------------------------------------------ public API
     @property
@@ -335,6 +336,7 @@ class SyncRunner(abc.ABC):
         self._init_strategy()
         self._peers_told = False
         self._running = True
+        self._step_busy = False
         self._started_at = time.perf_counter()
 
     @abc.abstractmethod
@@ -353,6 +355,14 @@ class SyncRunner(abc.ABC):
             self._error = self._error or SyncError(f"rank {self._rank}: runner abandoned")
         if self._running:
             self._mark_stopped()
+
+    @property
+    def step_busy(self) -> bool:
+        """Whether synchronization touches the training step in progress (since the last
+        :meth:`step`): it began with a blocking round (fixed rate), or with a round's snapshot
+        or delta, or a round is in flight (shadow). What the accepted-slowdown pacer times, and
+        what a per-step trace marks."""
+        return self._step_busy
 
     @property
     def syncs_applied(self) -> int:
@@ -628,7 +638,8 @@ class FixedRateSyncRunner(SyncRunner):
         self._raise_failure()
         c = self._counters
         c.steps += 1
-        if (c.steps - 1) % self._period:
+        self._step_busy = not (c.steps - 1) % self._period
+        if not self._step_busy:
             return
         self._copy_live_to_snapshot()
         try:
@@ -959,7 +970,6 @@ class ShadowSyncRunner(SyncRunner):
         # Training-thread side of the step clock (accepted-slowdown pacing).
         self._round_open = False  # a snapshot was taken and its delta not yet applied
         self._step_began: float | None = None
-        self._step_busy = False
 
     def _mode_stats(self) -> dict[str, float]:
         stats = {} if self._max_staleness is None else {"wait_seconds": self._wait_seconds}

@@ -321,7 +321,7 @@ def _interleaved_arms(rank: int, world_size: int) -> dict[str, Any]:
     common = [*SMALL[2:], "eval.max_batches=1"]
     rows = bench.run_interleaved(env, "synthetic", common, arms, seeds=[0], cycles=2, block=10)
     bracketed = bench.run_interleaved(env, "synthetic", common, arms, seeds=[0], cycles=1,
-                                      block=10, bracket=True)
+                                      block=10, bracket=True, trace=True)
     wrapper, again = made
     return {"rows": rows,
             "order": [(t.arm, t.cycle) for t in wrapper.turns if t.done],
@@ -337,7 +337,8 @@ def test_interleaved_arms_take_turns_on_one_model() -> None:
     """``bench_sync --interleave``: each arm's runner steps only in its own turns (10 steps in
     each of 3 cycles), the cycles rotate the order, a fixed-rate turn holds exactly its
     rounds, and the warm-up cycle is left out of the rows; with ``--bracket``, ``none`` runs
-    beside every other turn and each row carries its examples/s there."""
+    beside every other turn and each row carries its examples/s there, and with ``--trace``
+    each step's seconds and whether synchronization touched it."""
     bench = _load("bench_sync")
     for result in run_ranks(_interleaved_arms, timeout_s=180):
         assert result["order"] == [("none", 0), ("FR k=5", 0), ("S s1", 0),
@@ -374,6 +375,17 @@ def test_interleaved_arms_take_turns_on_one_model() -> None:
             examples / ((before + after) / 2))
         assert rows[0]["baseline_examples_per_s"] == pytest.approx(rows[0]["examples_per_s"])
         assert rows[3]["baseline_examples_per_s"] > 0  # its after: the closing none turn
+        # --trace: a fixed-rate round blocks the step after steps 1 and 6 (the runner's own
+        # count goes on across turns: 11, 16); the staleness-1 arm's rounds run from its
+        # first snapshot on, awaited at every step after, so every step is touched from then
+        for r in rows:
+            assert len(r["step_seconds"]) == 10 and min(r["step_seconds"]) > 0
+            assert sum(r["step_seconds"]) <= 1.5 * r["train_seconds"]
+        none, shadow, _, fixed = (r["step_busy"] for r in rows)
+        assert none == [False] * 10
+        assert fixed == [False, True, False, False, False, False, True, False, False, False]
+        first = shadow.index(True)
+        assert 1 <= first and shadow == [False] * first + [True] * (10 - first), shadow
         arms = {a["arm"]: a for a in bench.aggregate(rows)}
         ratio = rows[1]["examples_per_s"] / rows[1]["baseline_examples_per_s"]
         assert arms["S s1"]["ratio_to_none"] == pytest.approx(ratio)

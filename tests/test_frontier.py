@@ -21,6 +21,7 @@ _spec = importlib.util.spec_from_file_location("frontier", _DIR / "frontier.py")
 assert _spec is not None and _spec.loader is not None
 fr = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(fr)
+import rows  # noqa: E402  (beside frontier.py, which imports it)
 
 
 def run(arm: str, repeat: int, eps: float, gap: float | None = None,
@@ -55,8 +56,14 @@ def test_slowdown_goal_needs_the_whole_spread_and_names_the_nearest_fr() -> None
             r["repeat"] == 0 else r for r in ROWS]  # one repeat at 0.9405 < 0.95
     (missed,) = fr.slowdown_goal(fr.summarize(slow, world_size=2))
     assert not missed["kept"]
-    assert "| S 5% | 0.95 | 0.960 [0.941, 0.960] | **no** | 4.0 | FR k=10 (0.900, 10.0) | 2.5 |" \
-        in fr.slowdown_table([missed])
+    assert ("| S 5% | 0.95 | 0.960 [0.941, 0.960] | **no** | - | 4.0 | FR k=10 (0.900, 10.0) "
+            "| 2.5 |") in fr.slowdown_table([missed])
+    # The pacer's own reckoning of its loss: busy share times round cost, over the runs.
+    paced = [{**r, "sync_busy_share": 0.5, "sync_round_cost": 0.06 + 0.02 * r["repeat"]}
+             if r["arm"] == "S 5%" else r for r in ROWS]
+    (goal,) = fr.slowdown_goal(fr.summarize(paced, world_size=2))
+    assert goal["reckoned"] == pytest.approx(0.04)
+    assert "| yes | 4.0% | 4.0 |" in fr.slowdown_table([goal])
 
 
 def test_slowdown_budgets_come_from_the_recorded_overrides() -> None:
@@ -199,3 +206,37 @@ def test_bracketed_turns_are_compared_with_the_none_turns_beside_them(tmp_path: 
     assert ("a `none` turn ran before every other turn (`--bracket`), and each turn is "
             "compared with the mean of the `none` turns just before and after it"
             in fr.report(tmp_path, ["1gbit"]))
+
+
+def test_a_traced_job_shows_where_each_arms_cost_lands(tmp_path: Path) -> None:
+    """``--trace``: each step against the ``none`` pace beside its turn (here 1 s a step: 5
+    steps of 1,000 examples at 1,000 examples/s), by kind. A round that slows the step it is
+    in flight by 20% and the next by 10%, and a quiet step after it by 5%: the arm loses 7%
+    of its step rate, 6 points on busy steps and 1 on quiet ones, which the pacer, setting
+    busy steps against the quiet steps beside them, would not see."""
+    busy = [False, True, True, False, False, True, True, True, False, False, False, True]
+    assert rows.step_kinds(busy) == ["before any", "busy 1", "busy 2", "quiet 1", "quiet 2",
+                                 "busy 1", "busy 2", "busy 3+", "quiet 1", "quiet 2",
+                                 "quiet 3+", "busy 1"]
+    steps = [1.0, 1.2, 1.1, 1.0, 1.05]
+    turn = {"arm": "S 5%", "seed": 0, "repeat": 0, "interleave": 5, "examples_per_s": 5000 / 5.35,
+            "train_seconds": 5.35, "baseline_examples_per_s": 1000.0, "step_seconds": steps,
+            "step_busy": [False, True, True, False, False]}
+    got = rows.footprint([turn, {**turn, "repeat": 1}, run("none", 0, 1000)])  # untraced: left out
+    assert set(got) == {"S 5%"}
+    s = got["S 5%"]
+    assert s["all"] == pytest.approx((0.07, 10, 0.07))
+    assert s["busy 1"] == pytest.approx((0.2, 2, 0.04))
+    assert s["busy 2"] == pytest.approx((0.1, 2, 0.02))
+    assert s["quiet 1"] == pytest.approx((0.0, 2, 0.0), abs=1e-12)
+    assert s["quiet 2"] == pytest.approx((0.05, 2, 0.01))
+    assert s["before any"] == pytest.approx((0.0, 2, 0.0), abs=1e-12)
+    table = fr.footprint_table([turn])
+    assert ("| S 5% | +7.0% | +6.0% | +1.0% | +20.0% (1) | +10.0% (1) | - | +0.0% (1) | "
+            "+5.0% (1) | - | +0.0% (1) |") in table
+    assert fr.footprint_table(ROWS) == ""  # nothing traced: no table
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "h2_1gbit.json").write_text(json.dumps([
+        {**run("none", 0, 1000), "baseline_examples_per_s": 1000.0, "interleave": 5},
+        turn]))
+    assert "Where the cost lands (`--trace`)" in fr.report(tmp_path, ["1gbit"])
