@@ -380,7 +380,8 @@ def test_interleaved_arms_take_turns_on_one_model() -> None:
         # first snapshot on, awaited at every step after, so every step is touched from then
         for r in rows:
             assert len(r["step_seconds"]) == 10 and min(r["step_seconds"]) > 0
-            assert sum(r["step_seconds"]) <= 1.5 * r["train_seconds"]
+            # the ranks' mean step: the steps add up to no more than the slowest rank's turn
+            assert 0.5 * r["train_seconds"] < sum(r["step_seconds"]) <= r["train_seconds"]
         none, shadow, _, fixed = (r["step_busy"] for r in rows)
         assert none == [False] * 10
         assert fixed == [False, True, False, False, False, False, True, False, False, False]
