@@ -410,6 +410,36 @@ def aa_line(arms: list[dict[str, Any]]) -> str:
             "job.\n\n")
 
 
+def budget_line(goals: list[dict[str, Any]], aa: list[dict[str, Any]]) -> str:
+    """Accepted-slowdown arms of many jobs at once (a paragraph; '' without one): how far
+    each median's loss (``1 - ratio``) fell from its budget and from what the pacer reckoned,
+    as mean and standard deviation over the arms, beside the scatter of the A/A arms' medians,
+    which no pacer can go below. One job cannot tell whether a pacer keeps its budget (its
+    spread is the rig's); many jobs can, on average."""
+    if not goals:
+        return ""
+
+    def mean_sd(values: list[float]) -> str:
+        sd = statistics.pstdev(values) if len(values) > 1 else math.nan
+        return f"{100 * statistics.fmean(values):+.1f} ± {_f(100 * sd, 1)} points"
+
+    loss = [1 - g["ratio"]["median"] for g in goals]
+    over = [x - (1 - g["keep"]) for x, g in zip(loss, goals, strict=True)]
+    reckoned = [x - g["reckoned"] for x, g in zip(loss, goals, strict=True)
+                if not math.isnan(g["reckoned"])]
+    text = (f"Every accepted-slowdown arm of the bracketed jobs below at once ({len(goals)} "
+            f"arms): the loss of its "
+            f"median against its budget {mean_sd(over)} (mean ± sd over the arms; "
+            f"{sum(x <= 0 for x in over)} within it)")
+    if reckoned:
+        text += f", and against the loss its pacer reckoned {mean_sd(reckoned)}"
+    if len(aa) > 1:
+        scatter = statistics.pstdev([1 - a["ratio"]["median"] for a in aa])
+        text += (f"; the A/A arms' medians scatter by {100 * scatter:.1f} points (sd over "
+                 f"{len(aa)} jobs)")
+    return text + ". Jobs ran different revisions of the pacer (FINDINGS says which).\n\n"
+
+
 def interleave_line(block: int | None, bracketed: bool = False) -> str:
     """What an interleaved job's rows are (a paragraph), or '' for separate runs."""
     if block is None:
@@ -431,6 +461,8 @@ def report(out: Path, links: Sequence[str]) -> str:
     turns: dict[tuple[str, int], int | None] = {}  # --interleave's turn length, if any
     bracketed: dict[tuple[str, int], bool] = {}
     footprints: dict[tuple[str, int], str] = {}
+    goals: list[dict[str, Any]] = []
+    aas: list[dict[str, Any]] = []
     for raw in sorted((out / "raw").glob("h*_*.json")):
         hosts_s, link = raw.stem.split("_", 1)
         hosts = int(hosts_s[1:])
@@ -450,6 +482,9 @@ def report(out: Path, links: Sequence[str]) -> str:
             recorded = arm_overrides(arm_lines)
             arm_list = "".join(f"- `{name}: {o}`\n" for name, o in recorded.items())
             goal = slowdown_goal(arms, slowdown_budgets(recorded) if recorded else None)
+            if bracketed[(link, hosts)]:  # one way of measuring, so one scatter
+                goals += goal
+                aas += [a for a in arms if a["arm"] == AA_ARM]
             sections.append(f"### {hosts} hosts, links {link}\n\n"
                             f"Command: `{command}`\n\n"
                             + interleave_line(turns[(link, hosts)], bracketed[(link, hosts)])
@@ -469,7 +504,7 @@ def report(out: Path, links: Sequence[str]) -> str:
             "awaited K steps after its snapshot). Each job's command (its batch size among its "
             "overrides) and every arm's "
             "overrides are under it; \"in every repeat\" compares runs of the same repeat, "
-            "minutes apart in one job.\n\n" + "\n".join(sections))
+            "minutes apart in one job.\n\n" + budget_line(goals, aas) + "\n".join(sections))
     (out / "report.md").write_text(text)
     return text
 

@@ -64,6 +64,15 @@ def test_slowdown_goal_needs_the_whole_spread_and_names_the_nearest_fr() -> None
     (goal,) = fr.slowdown_goal(fr.summarize(paced, world_size=2))
     assert goal["reckoned"] == pytest.approx(0.04)
     assert "| yes | 4.0% | 4.0 |" in fr.slowdown_table([goal])
+    # Over many jobs: each median's loss against its budget and against the reckoning (0.04
+    # and 0.06 lost where 0.05 was asked and 0.04 and 0.05 reckoned), beside the A/A scatter.
+    dearer = {**goal, "ratio": {**goal["ratio"], "median": 0.94}, "reckoned": 0.05}
+    aa = [{"arm": "none A/A", "ratio": {"median": m}} for m in (0.99, 1.01)]
+    line = fr.budget_line([goal, dearer], aa)
+    assert ("(2 arms): the loss of its median against its budget +0.0 ± 1.0 points (mean ± sd "
+            "over the arms; 1 within it), and against the loss its pacer reckoned +0.5 ± 0.5 "
+            "points; the A/A arms' medians scatter by 1.0 points (sd over 2 jobs)") in line
+    assert fr.budget_line([], aa) == ""
 
 
 def test_slowdown_budgets_come_from_the_recorded_overrides() -> None:
