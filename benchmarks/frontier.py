@@ -428,9 +428,8 @@ def budget_line(goals: list[dict[str, Any]], aa: list[dict[str, Any]]) -> str:
     reckoned = [x - g["reckoned"] for x, g in zip(loss, goals, strict=True)
                 if not math.isnan(g["reckoned"])]
     text = (f"Every accepted-slowdown arm of the bracketed jobs below at once ({len(goals)} "
-            f"arms): the loss of its "
-            f"median against its budget {mean_sd(over)} (mean ± sd over the arms; "
-            f"{sum(x <= 0 for x in over)} within it)")
+            f"arms): the loss of its median against its budget {mean_sd(over)} (mean ± sd "
+            f"over the arms; {sum(x <= 0 for x in over)} within it)")
     if reckoned:
         text += f", and against the loss its pacer reckoned {mean_sd(reckoned)}"
     if len(aa) > 1:
