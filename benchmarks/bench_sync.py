@@ -117,6 +117,7 @@ class Turn:
     # the accepted-slowdown pacer's estimates at the turn's end (NaN without one)
     round_cost: float = math.nan
     busy_share: float = math.nan
+    round_steps: float = math.nan
     applied_at: list[int] = dataclasses.field(default_factory=list)  # steps 1..block
     # with a trace: each step's seconds, and whether synchronization touched it
     step_seconds: list[float] = dataclasses.field(default_factory=list)
@@ -258,6 +259,7 @@ class RotatingReplicas(LocalReplicas):
         if self._active is not None:
             stats = self._runner_of(self._active).stats()
             turn.round_cost, turn.busy_share = stats.round_cost, stats.busy_share
+            turn.round_steps = stats.round_steps
             self._active.pause(consensus=False)
 
     def after_step(self) -> None:
@@ -378,6 +380,7 @@ def run_interleaved(
                 row.update(sync_syncs_applied=turn.syncs_applied,
                            sync_bytes_reduced=turn.bytes_reduced,
                            sync_round_cost=turn.round_cost, sync_busy_share=turn.busy_share,
+                           sync_round_steps=turn.round_steps,
                            sync_gap_mean=turn.gap())
             if on_wire:
                 row["wire_bytes"] = tx

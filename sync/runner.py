@@ -95,6 +95,8 @@ class SyncStats:
             measured by the accepted-slowdown pacer against the quiet steps beside each round
             (NaN without ``max_slowdown``).
         busy_share: the share of training steps a round touched, per that pacer (NaN without).
+        round_steps: what one round costs training, in steps at the quiet pace, per that pacer
+            (it keeps one round per ``round_steps / max_slowdown`` steps; NaN without).
         wait_seconds: seconds training waited at step boundaries for a round to finish, which
             only a shadow runner with ``max_staleness`` does (NaN without).
     """
@@ -112,6 +114,7 @@ class SyncStats:
     rounds_per_s: float
     round_cost: float = math.nan
     busy_share: float = math.nan
+    round_steps: float = math.nan
     wait_seconds: float = math.nan
 
 
@@ -658,46 +661,50 @@ class FixedRateSyncRunner(SyncRunner):
 
 
 class SlowdownPacer:
-    """Finds online how much of the time a shadow round may be in flight for training to lose at
-    most ``max_slowdown`` of its step rate (the accepted-slowdown pacing of
+    """Finds online how often a shadow round may start for training to lose at most
+    ``max_slowdown`` of its step rate (the accepted-slowdown pacing of
     :class:`ShadowSyncRunner`).
 
-    The training loop reports each step's wall time and whether a round touched it (the step
-    applied a delta, took a snapshot, or ran while a round was in flight). Each run of *busy*
-    steps is compared with the runs of *quiet* steps just before and after it, and from the
-    recent runs, ``cost_window`` busy steps' worth, it knows the cost of a round per step,
-    ``c = t_b / t_q - 1`` (busy seconds over what those steps would have taken at the quiet
-    pace beside them). Beside, not overall: a machine's speed drifts, and where most steps are
-    busy the last ``window`` quiet steps go back far enough to carry that drift into ``c``;
-    since ``f`` below is ``max_slowdown / c``, estimates too low (rounds back to back) overspend
-    by more than estimates too high underspend (on emulated 1 Gbit/s hosts a 12% budget read
-    costs from -0.03 to 0.25 turn to turn against recent means, and lost 15%). Until a busy run
-    has quiet steps on both sides, the means of the recent ``window`` steps of each kind stand
-    in.
+    The training loop reports each step's wall time, whether a round touched it (the step
+    applied a delta, took a snapshot, or ran while a round was in flight) and whether it began
+    one (took its snapshot). Each run of *busy* steps is compared with the runs of *quiet* steps
+    just before and after it: its excess over the quiet pace beside it, in steps at that pace,
+    over the rounds that began in it, is what a round costs training, ``C`` steps' worth of
+    time. Beside, not overall: a machine's speed drifts, and where most steps are busy the
+    recent quiet steps go back far enough to carry that drift into ``C``; estimates too low
+    overspend by more than estimates too high underspend (on emulated 1 Gbit/s hosts a 12%
+    budget read costs from -0.03 to 0.25 turn to turn against recent means, and lost 15%).
+    Until a busy run has quiet steps on both sides, the means of the recent ``window`` steps of
+    each kind, times the busy steps per round so far, stand in.
 
-    If a fraction ``f`` of steps is busy, training runs ``f c`` slower, so the runner keeps
-    ``f <= max_slowdown / c``, with ``c`` raised for its noise first: for the same convexity,
-    noise that puts the estimate low overspends by more than noise that puts it as far high
-    underspends (on emulated 10 Gbit/s hosts one 4% budget read costs of 0.01 to 0.21 turn to
-    turn and lost 8%). With ``se`` the estimate's standard error over the bracketed runs, the
-    loss ``f c_true`` averages ``max_slowdown (1 + se**2 / c**2)`` to second order, so ``c``
-    is raised by ``se**2 / c``; where ``c`` is within one ``se`` of zero (nothing tells a cheap
-    round from a free one), by ``se``. The margin shrinks as the runs agree and as there are
-    more of them, so ``cost_window`` holds more busy steps than ``window``: a round's cost per
-    step drifts far less than the machine's pace, which the bracketing follows instead.
+    Per round, not per busy step: a round's work (the snapshot copy, the reduction, its socket
+    I/O, the delta) is the same however many steps it spans, so one round every ``G`` steps
+    costs ``C / G`` of the step rate, and the runner keeps ``G >= C / max_slowdown``. A cost per
+    busy step would change with the rounds' spacing: on emulated 1 Gbit/s hosts a lone round
+    spanned two busy steps (+14% and +2%) while back-to-back rounds, one a step, cost each of
+    them +12%, so a per-step cost read from lone rounds let rounds go back to back at twice the
+    budget.
 
-    A round that kept ``n_b`` steps busy is followed by ``n_b (1 - f) / f`` quiet steps. The
-    pause is set in seconds, and some of it is not quiet (the step that applies the round's
-    delta is busy, and it falls inside the pause): so the quiet steps a pause actually held are
-    counted, and a shortfall against its target is added to the next pauses (integral
-    control), or the busy share would overshoot ``f`` (on emulated 1 Gbit/s hosts it ran at
-    ~0.7 where ``f`` was ~0.55). Rounds go back to back when they cost less than the budget.
-    Every ``explore_every`` rounds a few quiet steps are forced, so ``t_q`` stays current even
-    then. Means, not medians: the step rate is set by the mean step time, and much of a round's
-    cost lands on a few of its busy steps (the one that copies the snapshot, the ones its burst
-    of socket work hits), which a median would discard; on emulated 1 Gbit/s hosts the
-    median-based pacer overshot a 5% budget. A stray slow step moves a window's mean by a
-    1/``window`` share of its excess, for that window only.
+    ``C`` is first raised for its noise: for the same convexity, noise that puts the estimate
+    low overspends by more than noise that puts it as far high underspends (on emulated
+    10 Gbit/s hosts one 4% budget read costs of 0.01 to 0.21 turn to turn and lost 8%). With
+    ``se`` the ratio estimator's standard error over the bracketed runs, the loss averages
+    ``max_slowdown (1 + se**2 / C**2)`` to second order, so ``C`` is raised by ``se**2 / C``;
+    where ``C`` is within one ``se`` of zero (nothing tells a cheap round from a free one), by
+    ``se``. The margin shrinks as the runs agree and as there are more of them, so
+    ``cost_window`` holds more busy steps than ``window``: a round's cost drifts far less than
+    the machine's pace, which the bracketing follows instead.
+
+    A round that kept ``n_b`` steps busy is followed by ``G - n_b`` quiet steps. The pause is
+    set in seconds, and some of it is not quiet (the step that applies the round's delta is
+    busy, and it falls inside the pause): so the quiet steps a pause actually held are counted,
+    and a shortfall against its target is added to the next pauses (integral control), or the
+    rounds would come more often than ``G`` (on emulated 1 Gbit/s hosts the busy share ran at
+    ~0.7 where ~0.55 was set). Rounds go back to back when one costs less than the budget.
+    Every ``explore_every`` rounds a few quiet steps are forced, so the quiet pace stays current
+    even then. Means, not medians: the step rate is set by the mean step time, and much of a
+    round's cost lands on one of its steps (the one that copies the snapshot), which a median
+    would discard; on emulated 1 Gbit/s hosts the median-based pacer overshot a 5% budget.
 
     Args:
         max_slowdown: accepted loss of step rate, in (0, 1): 0.05 keeps >= 95% of it.
@@ -721,28 +728,33 @@ class SlowdownPacer:
         self._quiet: collections.deque[float] = collections.deque(maxlen=window)
         self._busy: collections.deque[float] = collections.deque(maxlen=window)
         self._busy_steps_this_round = self._quiet_steps_this_round = 0
-        self._busy_total = self._quiet_total = 0
+        self._busy_total = self._quiet_total = self._began_total = 0
         self._rounds = 0
         self._target: float | None = None  # quiet steps the last budgeted pause was to hold
-        # The run of steps of one kind in progress, as (busy, seconds, steps).
-        self._run: tuple[bool, float, int] | None = None
+        # The run of steps of one kind in progress, as (busy, seconds, steps, rounds begun).
+        self._run: tuple[bool, float, int, int] | None = None
         self._quiet_before: float | None = None  # mean step of the last quiet run
-        self._pending: tuple[float, int, float] | None = None  # busy run awaiting its after
+        # The busy run awaiting its after: (seconds, steps, rounds begun, quiet pace before).
+        self._pending: tuple[float, int, int, float] | None = None
         # Bracketed busy runs: (busy seconds, what they would have taken at the quiet pace
-        # beside them, busy steps).
-        self._bracketed: collections.deque[tuple[float, float, int]] = collections.deque()
+        # beside them, busy steps, rounds begun).
+        self._bracketed: collections.deque[tuple[float, float, int, int]] = collections.deque()
         self._bracketed_steps = 0  # busy steps in _bracketed
         self._shortfall = 0.0  # quiet steps added to each budgeted pause
         self._lock = threading.Lock()  # observe() and the thread's reads run concurrently
 
-    def observe(self, seconds: float, busy: bool) -> None:
-        """One training step's wall time, and whether a round touched it (training thread)."""
+    def observe(self, seconds: float, busy: bool, began_round: bool = False) -> None:
+        """One training step's wall time, whether a round touched it, and whether it began
+        one, i.e. took a round's snapshot (training thread)."""
+        if began_round and not busy:
+            raise ValueError("a step that began a round is busy")
         with self._lock:
             (self._busy if busy else self._quiet).append(seconds)
             if self._run is not None and self._run[0] != busy:
                 self._close_run(*self._run)
-            kind, total, steps = self._run or (busy, 0.0, 0)
-            self._run = (kind, total + seconds, steps + 1)
+            kind, total, steps, began = self._run or (busy, 0.0, 0, 0)
+            self._run = (kind, total + seconds, steps + 1, began + began_round)
+            self._began_total += began_round
             if busy:
                 self._busy_steps_this_round += 1
                 self._busy_total += 1
@@ -750,19 +762,20 @@ class SlowdownPacer:
                 self._quiet_steps_this_round += 1
                 self._quiet_total += 1
 
-    def _close_run(self, busy: bool, total: float, steps: int) -> None:
+    def _close_run(self, busy: bool, total: float, steps: int, began: int) -> None:
         """Ends the run in progress: a busy run waits for the quiet run after it; a quiet run
         brackets the busy run before it (lock held)."""
         self._run = None
         if busy:
             if self._quiet_before is not None:
-                self._pending = (total, steps, self._quiet_before)
+                self._pending = (total, steps, began, self._quiet_before)
             return
         after = total / steps
         if self._pending is not None:
-            busy_total, busy_steps, before = self._pending
+            busy_total, busy_steps, busy_began, before = self._pending
             self._pending = None
-            self._bracketed.append((busy_total, busy_steps * (before + after) / 2, busy_steps))
+            self._bracketed.append((busy_total, busy_steps * (before + after) / 2, busy_steps,
+                                    busy_began))
             self._bracketed_steps += busy_steps
             while self._bracketed_steps - self._bracketed[0][2] >= self.cost_window:
                 self._bracketed_steps -= self._bracketed.popleft()[2]
@@ -775,27 +788,48 @@ class SlowdownPacer:
             self._run = self._pending = self._quiet_before = None
 
     def round_cost(self) -> float:
-        """``t_busy / t_quiet - 1`` over the recent bracketed busy runs (the recent means of
-        each kind before any); NaN before both kinds are measured."""
-        return self._cost(margin=False)
-
-    def _cost(self, margin: bool) -> float:
-        """The round cost, with ``margin`` raised for its noise: by ``se**2 / c``, or by ``se``
-        where ``c <= se`` (``se``: the ratio estimator's standard error over the bracketed
-        runs, from residuals ``b - (1 + c) q``; no margin with fewer than two runs)."""
+        """What a round in flight costs a training step, ``t_busy / t_quiet - 1``, over the
+        recent bracketed busy runs (the recent means of each kind before any); NaN before both
+        kinds are measured."""
         with self._lock:
             if self._bracketed:
-                busy = sum(b for b, _, _ in self._bracketed)
-                quiet = sum(q for _, q, _ in self._bracketed)
-                ratio, n = busy / quiet, len(self._bracketed)
-                if not margin or n < 2:
-                    return ratio - 1.0
-                squares = sum((b - ratio * q) ** 2 for b, q, _ in self._bracketed)
-                cost, se = ratio - 1.0, math.sqrt(n / (n - 1) * squares) / quiet
+                return (sum(b for b, _, _, _ in self._bracketed)
+                        / sum(q for _, q, _, _ in self._bracketed) - 1.0)
+            return self._window_cost()
+
+    def _window_cost(self) -> float:
+        """``t_busy / t_quiet - 1`` from the recent means of each kind; NaN before both are
+        measured (lock held)."""
+        if not self._quiet or not self._busy:
+            return math.nan
+        return statistics.fmean(self._busy) / statistics.fmean(self._quiet) - 1.0
+
+    def round_steps(self) -> float:
+        """What a round costs training, ``C``, in steps at the quiet pace: the recent bracketed
+        busy runs' excess over the rounds that began in them (before any, the recent means of
+        each kind times the busy steps per round so far); NaN before both kinds and a round
+        are measured."""
+        return self._round_steps(margin=False)
+
+    def _round_steps(self, margin: bool) -> float:
+        """``C``, with ``margin`` raised for its noise: by ``se**2 / C``, or by ``se`` where
+        ``C <= se`` (``se``: the ratio estimator's standard error over the bracketed runs, from
+        residuals ``e - C n`` of each run's excess ``e`` and rounds ``n``; no margin with fewer
+        than two runs)."""
+        with self._lock:
+            # Each run's excess in steps at the quiet pace beside it, and its rounds.
+            runs = [(steps * (b - q) / q, n) for b, q, steps, n in self._bracketed]
+            rounds = sum(n for _, n in runs)
+            if rounds:
+                cost = sum(e for e, _ in runs) / rounds
+                if not margin or len(runs) < 2:
+                    return cost
+                squares = sum((e - cost * n) ** 2 for e, n in runs)
+                se = math.sqrt(len(runs) / (len(runs) - 1) * squares) / rounds
                 return cost + (se * se / cost if cost > se else se)
-            if not self._quiet or not self._busy:
+            if not self._began_total:
                 return math.nan
-            return statistics.fmean(self._busy) / statistics.fmean(self._quiet) - 1.0
+            return self._window_cost() * self._busy_total / self._began_total
 
     def busy_share(self) -> float:
         """The share of all observed steps that were busy; NaN before any."""
@@ -803,18 +837,15 @@ class SlowdownPacer:
             total = self._busy_total + self._quiet_total
             return self._busy_total / total if total else math.nan
 
-    def busy_fraction(self) -> float:
-        """The largest fraction of busy steps within the budget, against the round cost raised
-        for its noise (1 before any measurement)."""
-        cost = self._cost(margin=True)
-        if math.isnan(cost) or cost <= self.max_slowdown:
-            return 1.0
-        return self.max_slowdown / cost
+    def round_gap(self) -> float:
+        """The fewest steps from one round's start to the next that keep the budget: ``C``
+        raised for its noise, over ``max_slowdown`` (NaN before any measurement)."""
+        return self._round_steps(margin=True) / self.max_slowdown
 
     def quiet_seconds(self) -> float:
         """Called once per round as it starts (sync thread): this rank's proposal for the pause
-        after it, from the busy steps the previous round caused and the current busy fraction."""
-        f = self.busy_fraction()
+        after it, from the busy steps the previous round caused and the current round gap."""
+        gap = self.round_gap()
         with self._lock:
             self._rounds += 1
             busy_steps, self._busy_steps_this_round = max(self._busy_steps_this_round, 1), 0
@@ -829,8 +860,8 @@ class SlowdownPacer:
             t_quiet = statistics.fmean(self._quiet)
             explore = self._rounds % self.explore_every == 0
             quiet_steps = 0.0
-            if f < 1.0:
-                self._target = busy_steps * (1.0 - f) / f
+            if gap > busy_steps:  # False while NaN: back to back until measured
+                self._target = gap - busy_steps
                 quiet_steps = self._target + self._shortfall
         if quiet_steps < 2 and explore:
             quiet_steps = 3.0  # keep t_q measured even when rounds go back to back
@@ -970,11 +1001,13 @@ class ShadowSyncRunner(SyncRunner):
         # Training-thread side of the step clock (accepted-slowdown pacing).
         self._round_open = False  # a snapshot was taken and its delta not yet applied
         self._step_began: float | None = None
+        self._step_began_round = False  # the step in progress took a round's snapshot
 
     def _mode_stats(self) -> dict[str, float]:
         stats = {} if self._max_staleness is None else {"wait_seconds": self._wait_seconds}
         if self._pacer is not None:
-            stats.update(round_cost=self._pacer.round_cost(), busy_share=self._pacer.busy_share())
+            stats.update(round_cost=self._pacer.round_cost(), busy_share=self._pacer.busy_share(),
+                         round_steps=self._pacer.round_steps())
         return stats
 
     def start(self) -> None:
@@ -1006,9 +1039,11 @@ class ShadowSyncRunner(SyncRunner):
         if self._pacer is not None:
             now = time.perf_counter()
             if self._step_began is not None:
-                self._pacer.observe(now - self._step_began, self._step_busy)
+                self._pacer.observe(now - self._step_began, self._step_busy,
+                                    self._step_began_round)
             self._step_began = now
         self._step_busy = self._apply_then_snapshot() or self._round_open
+        self._step_began_round = self._snapshot_step == self._counters.steps
 
     def stop(self, final_sync: bool = True) -> None:
         self._require_running("stop()")

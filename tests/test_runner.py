@@ -692,121 +692,160 @@ def test_a_non_finite_replica_fails_on_its_rank_before_peers_average_it() -> Non
 
 
 # ----------------------------------------------------------------------------- pacing
-def test_slowdown_pacer_keeps_the_busy_share_within_budget() -> None:
-    """Busy steps 1.5x as long as quiet ones cost 50% while busy: a 5% budget allows 10% busy
-    steps, so a round that kept 2 steps busy is followed by 18 quiet ones."""
+def test_slowdown_pacer_spaces_rounds_by_what_one_costs() -> None:
+    """Busy steps 1.5x as long as quiet ones: a round that keeps 2 steps busy costs a whole
+    step, so a 5% budget allows one round every 20 steps, and that round is followed by 18
+    quiet ones."""
     pacer = SlowdownPacer(0.05)
-    assert pacer.busy_fraction() == 1.0  # nothing measured yet: back to back
+    assert math.isnan(pacer.round_gap())  # nothing measured yet
+    assert pacer.quiet_seconds() == 0.0  # ... so back to back
     for _ in range(10):
         pacer.observe(0.010, busy=False)
-    for _ in range(2):
-        pacer.observe(0.015, busy=True)
-    assert pacer.busy_fraction() == pytest.approx(0.1)
+    pacer.observe(0.015, busy=True, began_round=True)
+    pacer.observe(0.015, busy=True)
+    assert pacer.round_steps() == pytest.approx(1.0)
+    assert pacer.round_gap() == pytest.approx(20)
     assert pacer.quiet_seconds() == pytest.approx(18 * 0.010)
-    # A round that costs less than the budget runs back to back, but every explore_every-th
-    # round leaves 3 quiet steps so the quiet step time stays measured.
+    with pytest.raises(ValueError, match="a step that began a round is busy"):
+        pacer.observe(0.010, busy=False, began_round=True)
+    # A round that costs less than the budget runs back to back (each step begins one), but
+    # every explore_every-th round leaves 3 quiet steps so the quiet step time stays measured.
     cheap = SlowdownPacer(0.05, explore_every=4)
-    for seconds, busy in [(0.010, False)] * 5 + [(0.0102, True)] * 5:
-        cheap.observe(seconds, busy)
+    for _ in range(5):
+        cheap.observe(0.010, busy=False)
+    for _ in range(5):
+        cheap.observe(0.0102, busy=True, began_round=True)
+    assert cheap.round_steps() == pytest.approx(0.02)
     waits = [cheap.quiet_seconds() for _ in range(8)]
     assert waits == [0, 0, 0, pytest.approx(0.03), 0, 0, 0, pytest.approx(0.03)]
-    # Most of a round's cost on one of its busy steps in four (the snapshot copy, a burst): a
-    # median would call the round nearly free (2%) and run back to back; the mean sees the 52%
-    # that the step rate loses, and budgets for it.
+    # Most of a round's cost on two of its 8 busy steps (the snapshot copy, a burst): a median
+    # would call the round nearly free (2% a step) and run back to back; the mean sees the 52%
+    # a step that the step rate loses, 4.12 steps a round, and budgets for it.
     tail = SlowdownPacer(0.05)
-    for seconds, busy in [(0.010, False)] * 8 + [(0.0102, True)] * 6 + [(0.030, True)] * 2:
-        tail.observe(seconds, busy)
+    steps = [(0.010, False, False)] * 8 + [(0.0102, True, True)] + [(0.0102, True, False)] * 5
+    for seconds, busy, began in steps + [(0.030, True, False)] * 2:
+        tail.observe(seconds, busy, began)
     assert tail.round_cost() == pytest.approx((6 * 0.0102 + 2 * 0.030) / 8 / 0.010 - 1)
-    assert tail.busy_fraction() == pytest.approx(0.05 / tail.round_cost())
+    assert tail.round_steps() == pytest.approx(8 * tail.round_cost())
+    assert tail.round_gap() == pytest.approx(8 * tail.round_cost() / 0.05)
     with pytest.raises(ValueError, match="max_slowdown"):
         SlowdownPacer(1.0)
     with pytest.raises(ValueError, match="cost_window must be >= 1, got 0"):
         SlowdownPacer(0.05, cost_window=0)
 
 
+def test_slowdown_pacer_costs_a_round_however_many_steps_it_spans() -> None:
+    """A lone round keeps two steps busy, +10% and +0% (the snapshot copy, then the apply):
+    5% a busy step, within a 6% budget, so a pacer that costs busy steps would run rounds back
+    to back. Back to back each step begins a round and loses the 10% a round costs. Costed per
+    round (0.1 steps) the budget allows one every 0.1 / 0.06 steps, and a round that kept one
+    step busy is followed by the other 0.667 of a step, quiet."""
+    pacer = SlowdownPacer(0.06, explore_every=1000)
+    for _ in range(3):
+        pacer.observe(0.010, busy=False)
+    for _ in range(4):
+        pacer.quiet_seconds()
+        for seconds, busy, began in [(0.011, True, True), (0.010, True, False)] + [
+                (0.010, False, False)] * 3:
+            pacer.observe(seconds, busy, began)
+    assert pacer.round_cost() == pytest.approx(0.05)
+    assert pacer.round_steps() == pytest.approx(0.1)
+    assert pacer.round_gap() == pytest.approx(0.1 / 0.06)
+    pacer.quiet_seconds()
+    pacer.observe(0.011, busy=True, began_round=True)  # a round that kept one step busy
+    assert pacer.quiet_seconds() == pytest.approx((0.1 / 0.06 - 1) * 0.010)
+
+
 def test_slowdown_pacer_compares_each_round_with_the_quiet_steps_beside_it() -> None:
     """After a pause the machine runs at 10 ms a quiet step where it ran 15 before, and rounds
     make a step 20% slower (12 ms). Recent means would set 12 ms busy against quiet steps
     still mostly from before and call the round free (back to back); each busy run against the
-    quiet runs on either side of it reads 0.2, which a 5% budget turns into a quarter of the
-    steps busy."""
+    quiet runs on either side of it reads 0.2 a step, 0.6 a round of 3 busy steps, which a 5%
+    budget turns into one round every 12 steps."""
     pacer = SlowdownPacer(0.05)
     for _ in range(32):
         pacer.observe(0.015, busy=False)
     pacer.interrupt()
     for _ in range(3):
         pacer.observe(0.010, busy=False)
+    round_of_3 = [(0.012, True, True)] + [(0.012, True, False)] * 2 + [(0.010, False, False)] * 3
     for _ in range(4):
-        for seconds, busy in [(0.012, True)] * 3 + [(0.010, False)] * 3:
-            pacer.observe(seconds, busy)
+        for seconds, busy, began in round_of_3:
+            pacer.observe(seconds, busy, began)
     window_cost = sum(pacer._busy) / len(pacer._busy) / (sum(pacer._quiet) / len(pacer._quiet))
     assert window_cost < 1  # what recent means alone would have read: cheaper than free
     assert pacer.round_cost() == pytest.approx(0.2)
-    assert pacer.busy_fraction() == pytest.approx(0.25)
+    assert pacer.round_steps() == pytest.approx(0.6)
+    assert pacer.round_gap() == pytest.approx(12)
     # A pause breaks the runs: the busy run after it is not set against the quiet run before.
     pacer.interrupt()
-    for seconds, busy in [(0.050, True)] * 3 + [(0.010, False)] * 3:
-        pacer.observe(seconds, busy)
+    for seconds, busy, began in [(0.050, True, True)] * 3 + [(0.010, False, False)] * 3:
+        pacer.observe(seconds, busy, began)
     assert pacer.round_cost() == pytest.approx(0.2)
     # Only the last cost_window (128) busy steps' worth of runs counts: dearer rounds replace
     # it. It holds 43 runs of 3 (without the oldest, 126 would be too few), and the 0.2 runs
     # leave it one by one (each round brackets the run before it).
     for rounds, cost in [(43, 0.3 - 0.1 / 43), (1, 0.3)]:
         for _ in range(rounds):
-            for seconds, busy in [(0.013, True)] * 3 + [(0.010, False)] * 3:
-                pacer.observe(seconds, busy)
+            for seconds, busy, began in [(0.013, True, True)] + [(0.013, True, False)] * 2 + [
+                    (0.010, False, False)] * 3:
+                pacer.observe(seconds, busy, began)
         assert pacer.round_cost() == pytest.approx(cost)
+        assert pacer.round_steps() == pytest.approx(3 * cost)
 
 
 def test_slowdown_pacer_raises_the_cost_for_its_noise() -> None:
-    """Rounds that cost 0.1 and 0.3 by turns read 0.2 on average. The pacer budgets against
-    0.2 + se**2 / 0.2 (``se``: the ratio estimator's standard error over the runs, float64
-    reference), which makes the expected loss the budget; rounds that cost -0.1 and 0.2 read
-    0.05, within one ``se`` of free, and get ``se`` itself: a 5% budget would otherwise run them
-    back to back."""
+    """Rounds of 3 busy steps that cost 0.3 and 0.9 steps by turns read 0.6 on average. The
+    pacer budgets against 0.6 + se**2 / 0.6 (``se``: the ratio estimator's standard error over
+    the runs, float64 reference), which makes the expected loss the budget; rounds that cost
+    -0.3 and 0.6 read 0.15, within one ``se`` of free, and get ``se`` itself: a 5% budget
+    would otherwise run them nearly back to back."""
 
     def paced(busy: list[float]) -> tuple[SlowdownPacer, float, float]:
         pacer = SlowdownPacer(0.05)
         for _ in range(3):
             pacer.observe(0.010, busy=False)
         for step in busy:
-            for seconds, is_busy in [(step, True)] * 3 + [(0.010, False)] * 3:
-                pacer.observe(seconds, is_busy)
+            for seconds, is_busy, began in [(step, True, True)] + [(step, True, False)] * 2 + [
+                    (0.010, False, False)] * 3:
+                pacer.observe(seconds, is_busy, began)
         pacer.observe(busy[0], busy=True)  # ends the last quiet run: the last round bracketed
-        # Each run: 3 busy steps (b) against 3 steps at the 10 ms beside it (q); Python floats.
-        b, q, n = [3 * step for step in busy], 0.030, len(busy)
-        ratio = sum(b) / (n * q)
-        se = math.sqrt(n / (n - 1) * sum((bi - ratio * q) ** 2 for bi in b)) / (n * q)
-        assert pacer.round_cost() == pytest.approx(ratio - 1)  # reported: no margin
-        return pacer, ratio - 1, se
+        # Each run: 3 busy steps against 3 steps at the 10 ms beside it, in steps, one round
+        # each; Python floats.
+        excess, n = [3 * (step - 0.010) / 0.010 for step in busy], len(busy)
+        cost = sum(excess) / n
+        se = math.sqrt(n / (n - 1) * sum((e - cost) ** 2 for e in excess)) / n
+        assert pacer.round_steps() == pytest.approx(cost)  # reported: no margin
+        return pacer, cost, se
 
     pacer, cost, se = paced([0.011, 0.013, 0.011, 0.013])
-    assert (cost, se) == (pytest.approx(0.2), pytest.approx(0.0577, abs=1e-4))
-    assert pacer.busy_fraction() == pytest.approx(0.05 / (cost + se**2 / cost))
+    assert (cost, se) == (pytest.approx(0.6), pytest.approx(0.1732, abs=1e-4))
+    assert pacer.round_gap() == pytest.approx((cost + se**2 / cost) / 0.05)
     pacer, cost, se = paced([0.009, 0.012, 0.009, 0.012])
-    assert (cost, se) == (pytest.approx(0.05), pytest.approx(0.0866, abs=1e-4))
-    assert pacer.busy_fraction() == pytest.approx(0.05 / (cost + se))
+    assert (cost, se) == (pytest.approx(0.15), pytest.approx(0.2598, abs=1e-4))
+    assert pacer.round_gap() == pytest.approx((cost + se) / 0.05)
     # One run alone has no spread to measure: no margin.
     single = SlowdownPacer(0.05)
-    for seconds, is_busy in [(0.010, False)] * 3 + [(0.013, True)] * 3 + [(0.010, False)] * 3 + [
-            (0.013, True)]:
-        single.observe(seconds, is_busy)
+    for seconds, busy, began in [(0.010, False, False)] * 3 + [(0.013, True, True)] * 3 + [
+            (0.010, False, False)] * 3 + [(0.013, True, True)]:
+        single.observe(seconds, busy, began)
     assert len(single._bracketed) == 1
-    assert single.busy_fraction() == pytest.approx(0.05 / 0.3)
+    assert single.round_gap() == pytest.approx(0.3 / 0.05)
 
 
 def test_slowdown_pacer_makes_up_quiet_steps_a_pause_did_not_hold() -> None:
     """A pause is set in seconds, and the step that applies a round's delta (busy) falls inside
-    it: here every pause holds one quiet step fewer than it lasts. Busy steps 1.1x as long as
-    quiet ones allow half the steps busy (a round of 2 busy steps plus its apply step wants 3
-    quiet ones); uncorrected the pause holds 2 and the busy share sits at 0.6, 20% over."""
+    it: here every pause holds one quiet step fewer than it lasts. Rounds of 3 busy steps 1.1x
+    as long as quiet ones cost 0.3 steps, so a 5% budget allows one every 6 steps (3 quiet
+    after each); uncorrected the pause holds 2 and the busy share sits at 0.6, 20% over."""
 
     def busy_share(pacer: SlowdownPacer, rounds: int) -> float:
         busy = quiet = 0
         for _ in range(rounds):
             held = max(0, round(pacer.quiet_seconds() / 0.010) - 1)
-            for seconds, is_busy in [(0.011, True)] * 3 + [(0.010, False)] * held:
-                pacer.observe(seconds, is_busy)
+            for seconds, is_busy, began in [(0.011, True, True)] + [(0.011, True, False)] * 2 + [
+                    (0.010, False, False)] * held:
+                pacer.observe(seconds, is_busy, began)
             busy, quiet = busy + 3, quiet + held
         return busy / (busy + quiet)
 
@@ -814,7 +853,7 @@ def test_slowdown_pacer_makes_up_quiet_steps_a_pause_did_not_hold() -> None:
     for _ in range(32):
         pacer.observe(0.010, busy=False)
     busy_share(pacer, 20)  # settles
-    assert pacer.busy_fraction() == pytest.approx(0.5)
+    assert pacer.round_gap() == pytest.approx(6)
     assert busy_share(pacer, 50) == pytest.approx(0.5, abs=0.02)
     assert pacer._shortfall == pytest.approx(1.0, abs=0.3)
 
@@ -854,6 +893,7 @@ def test_accepted_slowdown_spaces_rounds_by_their_measured_cost(
     assert budgeted.rounds >= 3, budgeted
     # A busy step waits for up to a whole round: it costs far more than the 5% budget ...
     assert budgeted.round_cost > 0.5, budgeted
+    assert budgeted.round_steps > budgeted.round_cost, budgeted  # a round spans busy steps
     # ... so the pacer keeps busy steps to about 0.05 / cost of all (the budget), and the rounds
     # space out against back to back.
     assert budgeted.busy_share < 2 * 0.05 / budgeted.round_cost + 0.05, budgeted
