@@ -700,11 +700,12 @@ class SlowdownPacer:
     busy, and it falls inside the pause): so the quiet steps a pause actually held are counted,
     and a shortfall against its target is added to the next pauses (integral control), or the
     rounds would come more often than ``G`` (on emulated 1 Gbit/s hosts the busy share ran at
-    ~0.7 where ~0.55 was set). Rounds go back to back when one costs less than the budget.
-    Every ``explore_every`` rounds a few quiet steps are forced, so the quiet pace stays current
-    even then. Means, not medians: the step rate is set by the mean step time, and much of a
-    round's cost lands on one of its steps (the one that copies the snapshot), which a median
-    would discard; on emulated 1 Gbit/s hosts the median-based pacer overshot a 5% budget.
+    ~0.7 where ~0.55 was set). Rounds go back to back while ``G`` is no more than the steps a
+    round keeps busy: one a step where a round costs less than the budget. Every
+    ``explore_every`` rounds a few quiet steps are forced, so the quiet pace stays current even
+    then. Means, not medians: the step rate is set by the mean step time, and much of a round's
+    cost lands on one of its steps (the one that copies the snapshot), which a median would
+    discard; on emulated 1 Gbit/s hosts the median-based pacer overshot a 5% budget.
 
     Args:
         max_slowdown: accepted loss of step rate, in (0, 1): 0.05 keeps >= 95% of it.
