@@ -35,10 +35,15 @@ right before ours' steps that are multiples of ``B``, so with ``B`` dividing
 ``train.log_every`` a record's metrics compute (a background thread) has ``B - 1`` of ours'
 steps to finish before the next block; a block still waits for it, and that wait counts as
 ours (reported). Ours' heartbeat thread stays alive during the blocks; it wakes a few times a
-second and does no collective::
+second and does no collective. Blocks of one step (``--interleave 1``) pair every step of ours
+with one of the reference's: the machine's speed, which on shared cores wanders within
+seconds, then falls on both sides step by step, and two identical loops read far closer than
+in blocks of tens of steps. There a record's compute must end before the very next block, so
+ours is charged its whole wall time (an upper bound of what it costs training, which it runs
+beside)::
 
     .venv/bin/torchrun --nproc_per_node 2 benchmarks/bench_loop.py --config movielens_1m \\
-        --steps 800 --repeats 5 --interleave 50 --aa
+        --steps 800 --repeats 6 --interleave 1 --aa
 
 ``--aa`` (with ``--interleave``) adds A/A pairs: a second TorchRec loop, built after the
 reference, in ours' place. Its ratio to the reference is what the measurement reads between

@@ -221,12 +221,17 @@ def _interleaved_pair(rank: int, world_size: int) -> dict[str, Any]:
                                SMALL[2:], env)
         aa_runs = [len(list(g)) for _, g in itertools.groupby(order)]
         order.clear()
+        single = bench.interleaved(("A/A reference local", "A/A local"), "synthetic", 6, 1,
+                                   SMALL[2:], env)
+        single_order = list(order)
+        order.clear()
         fed.clear()
         one = bench.interleaved(("reference local", "ours none"), "synthetic", 40, 10,
                                 [*SMALL[2:], "train.log_every=10"], env, one_model=True)
     finally:
         TrainPipelineSparseDist.progress = progress
     return {"arms": by_arm, "runs": runs, "pipelines": pipelines, "aa": aa, "aa runs": aa_runs,
+            "single": single, "single order": single_order,
             "one": one, "one pipelines": len(set(order)),
             "one runs": [len(list(g)) for _, g in itertools.groupby(fed)]}
 
@@ -257,6 +262,13 @@ def test_interleaved_pair_times_each_loop_apart() -> None:
         assert result["aa runs"] == result["runs"], result["aa runs"]
         ref, again = result["aa"]["A/A reference local"], result["aa"]["A/A local"]
         assert 0.5 < again["examples_per_s"] / ref["examples_per_s"] < 2.0, result["aa"]
+        # --interleave 1: one step of the reference before each of ours', alternating
+        # pipelines step by step (ours' last call, which finds no batch, follows its sixth)
+        seq = result["single order"]
+        ref_id = seq[0]
+        assert [p == ref_id for p in seq] == [True, False] * 6 + [False], seq
+        ref, again = result["single"]["A/A reference local"], result["single"]["A/A local"]
+        assert 0.5 < again["examples_per_s"] / ref["examples_per_s"] < 2.0, result["single"]
         # --one-model: the blocks run on ours' own pipeline, fed their own batches, a step
         # earlier (before ours' steps 9, 19, 29, 39): ours' batches run dry before its last step
         assert result["one pipelines"] == 1
