@@ -450,7 +450,7 @@ class FiniteWatch:
     def observe(self, step: int, loss: torch.Tensor) -> None:
         """Records ``step`` for what is non-finite now, unless it was already recorded."""
         tensors = [self._none if p.grad is None else p.grad for p in self.params]
-        tensors.append(loss.detach().reshape(1))
+        tensors.append(loss)  # as it is: no_grad, and a 0-d norm stacks like the others
         norms = torch.stack(torch._foreach_norm(tensors, 2))
         if self._async:
             bad = norms.isfinite().logical_not_()
