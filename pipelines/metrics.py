@@ -13,10 +13,10 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torchmetrics.functional.classification import binary_auroc
 
 
 def binary_metrics(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
@@ -29,13 +29,34 @@ def binary_metrics(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, floa
     ctr = float(labels.mean())
     base = _entropy(ctr)
     return {
-        "auc": float(binary_auroc(logits, labels.long())),
+        "auc": auc(logits, labels),
         "logloss": logloss,
         "ne": logloss / base,
         "calibration": float(torch.sigmoid(logits).mean()) / ctr if ctr > 0 else float("nan"),
         "ctr": ctr,
         "examples": float(labels.numel()),
     }
+
+
+def auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
+    """The exact ROC AUC: the Mann-Whitney statistic, the share of (positive, negative) pairs
+    the scores order correctly, ties counting half, which equals the trapezoidal area under
+    the ROC curve (what ``torchmetrics``' ``binary_auroc`` computes). NaN without both
+    classes or with a NaN score.
+
+    Written here because ``binary_auroc`` and ``torch.sort`` sort on the host over ten times
+    slower than NumPy's sort of each class followed by two binary searches of the negatives
+    (counts below and up to each positive), and a training record computes one every
+    ``log_every`` steps, beside training, on the CPUs training needs.
+    """
+    x = scores.detach().cpu().numpy()
+    positive = labels.detach().cpu().numpy() > 0.5
+    pos, neg = np.sort(x.compress(positive)), np.sort(x.compress(~positive))
+    if pos.size == 0 or neg.size == 0 or np.isnan(pos[-1]) or np.isnan(neg[-1]):
+        return math.nan  # NumPy sorts NaN last
+    below = np.searchsorted(neg, pos, side="left").sum(dtype=np.int64)
+    up_to = np.searchsorted(neg, pos, side="right").sum(dtype=np.int64)
+    return float((below + up_to) / (2 * pos.size * neg.size))
 
 
 def _entropy(ctr: float) -> float:

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from shadowsync.pipelines.metrics import binary_metrics, gather_metrics
+from shadowsync.pipelines.metrics import auc, binary_metrics, gather_metrics
 from tests._dist import run_ranks
 
 
@@ -42,6 +42,22 @@ def test_binary_metrics_match_float64_reference() -> None:
     for key, value in ref.items():
         assert abs(got[key] - value) < 1e-6, (key, got[key], value)
     assert got["examples"] == 600
+
+
+def test_auc_is_the_exact_mann_whitney_statistic_with_ties() -> None:
+    """Exactly (to the last bit) the share of correctly ordered pairs, ties half, where most
+    scores tie (scores on a coarse grid), and NaN where it is undefined."""
+    g = torch.Generator().manual_seed(3)
+    for n, grid in ((401, 4.0), (1000, 1.0), (64, 1e6)):
+        labels = torch.bernoulli(torch.full((n,), 0.4), generator=g)
+        scores = ((torch.randn(n, generator=g) + labels) * grid).round() / grid
+        pos = [a for a, y in zip(scores.tolist(), labels.tolist(), strict=True) if y == 1]
+        neg = [b for b, y in zip(scores.tolist(), labels.tolist(), strict=True) if y == 0]
+        twice_wins = sum(2 * (a > b) + (a == b) for a in pos for b in neg)
+        assert auc(scores, labels) == twice_wins / (2 * len(pos) * len(neg)), n
+        assert auc(scores.double(), labels) == auc(scores, labels)
+    assert math.isnan(auc(torch.tensor([0.1, 0.2]), torch.tensor([1.0, 1.0])))
+    assert math.isnan(auc(torch.tensor([0.1, math.nan, 0.3]), torch.tensor([1.0, 0.0, 0.0])))
 
 
 def _batches(seed: int, n: int, size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
