@@ -508,7 +508,7 @@ def test_ranks_agree_on_who_went_non_finite_first(tmp_path: Path) -> None:
     DDP spread rank 1's NaN loss of step 25 to rank 0's gradients in the same step; the loss
     is named first, and only rank 1 claims the cause. NaN eval predictions on rank 1 fail the
     final evaluation on every rank, and no summary is written; so do eval metrics that are
-    not finite (labels of one class: NE has no base entropy)."""
+    not finite (labels of one class: neither NE nor AUC is defined)."""
     r0, r1 = run_ranks(functools.partial(_non_finite_in_process, out=str(tmp_path)),
                        timeout_s=120)
     assert r0["loss"]["step"] == r1["loss"]["step"] == 40
@@ -529,7 +529,8 @@ def test_ranks_agree_on_who_went_non_finite_first(tmp_path: Path) -> None:
     assert not any(r.get("summary") or any(k.startswith("eval_") for k in r) for r in records)
     for r in (r0, r1):
         assert r["metrics"]["error"] == "NonFiniteValue", r["metrics"]
-        assert r["metrics"]["message"].startswith("non-finite eval metrics {'ne': nan"), r
+        assert r["metrics"]["message"].startswith(
+            "non-finite eval metrics {'auc': nan, 'ne': nan"), r  # no AUC of one class
         assert "in the evaluation after step 5" in r["metrics"]["message"]
 
 
