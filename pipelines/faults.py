@@ -22,7 +22,6 @@ code  meaning
 from __future__ import annotations
 
 import logging
-import math
 import os
 import signal
 import socket
@@ -418,24 +417,38 @@ class PeerNonFinite(NonFiniteValue):
 
 
 class FiniteWatch:
-    """Remembers, on the device, the first step at which the loss or the dense gradients went
-    non-finite, and reads it back without ever making the host wait for the device.
+    """Remembers the first step at which the loss or the dense gradients went non-finite, and
+    reads it back without ever making the host wait for a device.
 
-    :meth:`observe` queues one fused norm over the gradients and the loss
+    On a GPU :meth:`observe` queues one fused norm over the gradients and the loss
     (``_foreach_norm``; NaN and inf propagate, and so does a gradient too large to square in
-    float32, |g| > 1.8e19, which would turn Adagrad's or Adam's state inf); on a GPU four
-    small ops record the step on the device, on CPU their sum is read at once (fewer ops
-    than recording them, and nothing to wait for) and the norms only when it is not finite.
-    :meth:`poll` returns what is known without waiting: on CPU the current values (there is
-    no device to wait for); on a GPU those of an earlier step, copied to pinned memory
-    asynchronously and read once the copy's event has completed. :meth:`first_steps` reads
-    the current values (a synchronization: only where the loop synchronizes anyway).
+    float32, |g| > 1.8e19, which would turn Adagrad's or Adam's state inf) and four small ops
+    that record the step on the device; :meth:`poll` returns those of an earlier step, copied
+    to pinned memory asynchronously and read once the copy's event has completed.
+
+    On CPU there is no device to wait for, and a step's own time is what counts: one op,
+    PyTorch's GradScaler check ``_amp_foreach_non_finite_check_and_unscale_`` (with scale 1,
+    which leaves every value as it is), tests the gradients, the loss and the dense
+    optimizer's state of each parameter for NaN and inf in one pass, and one flag is read.
+    The optimizer's state is what turns inf from a gradient too large to square, in the same
+    step. Only when the flag is set is each tensor looked at. On CPU ``_foreach_norm`` is a
+    loop of one norm op a tensor, several times the cost (``benchmarks/bench_loop.py``).
+    :meth:`first_steps` reads the current values (on a GPU a synchronization: only where the
+    loop synchronizes anyway).
+
+    Args:
+        params: the dense parameters, whose gradients are checked.
+        device: where they live.
+        optimizer: the optimizer that steps them, whose state of each (same shape as the
+            parameter: Adagrad's sum, Adam's moments, SGD's momentum) is checked on CPU.
     """
 
     KINDS = ("loss", "dense gradients")
 
-    def __init__(self, params: Sequence[torch.Tensor], device: torch.device) -> None:
+    def __init__(self, params: Sequence[torch.Tensor], device: torch.device,
+                 optimizer: torch.optim.Optimizer | None = None) -> None:
         self.params = list(params)
+        self.optimizer = optimizer
         self._none = torch.zeros(1, device=device)  # stands in for a gradient not computed
         # The first non-finite step of each gradient, then of the loss (0: none yet).
         self._first = torch.zeros(len(self.params) + 1, dtype=torch.long, device=device)
@@ -445,23 +458,46 @@ class FiniteWatch:
                                  pin_memory=self._async)
         self._copied: torch.cuda.Event | None = None
         self._seen = [0] * len(self.KINDS)  # on CPU: what _first says, kept beside it
+        # On CPU: the optimizer's state tensors and the index of the parameter each belongs
+        # to, read after the first step (optimizers create state lazily); the flag, and 1.
+        self._states: list[tuple[int, torch.Tensor]] | None = None
+        self._flag = torch.zeros(1)
+        self._one = torch.ones(1)
+
+    def track_optimizer_state(self) -> None:
+        """Reads the optimizer's state tensors again at the next :meth:`observe`: after
+        anything that replaces them (``load_state_dict``)."""
+        self._states = None
+
+    def _optimizer_states(self) -> list[tuple[int, torch.Tensor]]:
+        index = {id(p): i for i, p in enumerate(self.params)}
+        state = {} if self.optimizer is None else self.optimizer.state
+        return [(index[id(p)], t) for p, kept in state.items() if id(p) in index
+                for t in kept.values()
+                if isinstance(t, torch.Tensor) and t.is_floating_point() and t.shape == p.shape]
 
     @torch.no_grad()
     def observe(self, step: int, loss: torch.Tensor) -> None:
         """Records ``step`` for what is non-finite now, unless it was already recorded."""
         tensors = [self._none if p.grad is None else p.grad for p in self.params]
-        tensors.append(loss)  # as it is: no_grad, and a 0-d norm stacks like the others
-        norms = torch.stack(torch._foreach_norm(tensors, 2))
+        tensors.append(loss)  # as it is: no_grad, and the check writes it back unchanged
         if self._async:
+            norms = torch.stack(torch._foreach_norm(tensors, 2))
             bad = norms.isfinite().logical_not_()
             self._first.masked_fill_(bad.logical_and_(self._first == 0), step)
             return
-        # On CPU nothing to wait for: one sum says whether any norm is not finite (a sum that
-        # overflows only sends it to the exact check), and only then are they looked at.
-        if math.isfinite(float(norms.sum())):
+        if self._states is None:
+            self._states = self._optimizer_states()
+        torch._amp_foreach_non_finite_check_and_unscale_(
+            [*tensors, *(t for _, t in self._states)], self._flag, self._one)
+        if not self._flag.item():
             return
-        for i, norm in enumerate(norms.tolist()):
-            if not math.isfinite(norm) and not self._first[i]:
+        self._flag.zero_()
+        finite = [bool(torch.isfinite(t).all()) for t in tensors]
+        for i, t in self._states:
+            finite[i] = finite[i] and bool(torch.isfinite(t).all())
+        for i, ok in enumerate(finite):
+            if not ok and not self._first[i]:
                 self._first[i] = step
         self._seen = self._kinds(self._first.tolist())
 

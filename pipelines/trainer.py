@@ -108,7 +108,8 @@ class Trainer:
         self.optimizer = build_optimizer(cfg, self.dmp)
         self.pipeline = TrainPipelineSparseDist(self.dmp, self.optimizer, env.device)
         self.control = faults.Control(cfg.train.pg_timeout_s)
-        self.watch = faults.FiniteWatch(list(dense_parameters(self.dmp).values()), env.device)
+        self.watch = faults.FiniteWatch(list(dense_parameters(self.dmp).values()), env.device,
+                                        self.optimizer)
         # Gloo, like the synchronizer's group: the metrics reduce from a thread of their own,
         # where NCCL beside the training loop's communicator is not safe.
         self._metrics_group = dist.new_group(
@@ -356,6 +357,7 @@ class Trainer:
         for name, opt in self.optimizer.optimizers:
             if name != "sparse":
                 opt.load_state_dict(local["optimizers"][name])
+        self.watch.track_optimizer_state()
         self.wrapper.load_state_dict(local["sync"])
         torch.set_rng_state(local["rng"])
         if "cuda_rng" in local and self.env.device.type == "cuda":

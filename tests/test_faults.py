@@ -534,6 +534,55 @@ def test_ranks_agree_on_who_went_non_finite_first(tmp_path: Path) -> None:
         assert "in the evaluation after step 5" in r["metrics"]["message"]
 
 
+@pytest.mark.parametrize("optimizer", ["adagrad", "adam"])
+def test_watch_on_cpu_names_the_first_step_of_each_kind(optimizer: str) -> None:
+    """On CPU, the watch's one check a step finds a NaN gradient, a NaN loss, and a finite
+    gradient too large to square (1e30: the optimizer's state turns inf and would freeze that
+    weight), each at its own step; also after a restore replaced the optimizer's state. A
+    finite step leaves the gradients and the loss exactly as they were."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 1))
+    model[1].bias.requires_grad_(False)  # a parameter without a gradient
+    params = [p for p in model.parameters() if p.requires_grad] + [model[1].bias]
+    make = {"adagrad": torch.optim.Adagrad, "adam": torch.optim.Adam}[optimizer]
+    opt = make(params, lr=0.1)
+    watch = faults.FiniteWatch(params, torch.device("cpu"), opt)
+
+    def step(n: int, grad: float | None = None, loss_scale: float = 1.0) -> list[int] | None:
+        opt.zero_grad()
+        loss = model(torch.randn(8, 4)).square().mean() * loss_scale
+        loss.backward()
+        if grad is not None:
+            model[0].weight.grad[1, 2] = grad
+        before = ([p.grad.clone() for p in params if p.grad is not None], loss.detach().clone())
+        opt.step()
+        watch.observe(n, loss)
+        if grad is None and loss_scale == 1.0:
+            assert all(torch.equal(b, p.grad) for b, p in zip(before[0], params, strict=False))
+            assert torch.equal(before[1], loss)
+        return watch.poll()
+
+    assert [step(1), step(2)] == [[0, 0], [0, 0]]
+    assert step(3, grad=1e30) == [0, 3]  # finite, but its square is not
+    assert step(4) == [0, 3] and watch.first_steps() == [0, 3]
+
+    def restore() -> None:  # as from a checkpoint: new state tensors, finite weights
+        opt.load_state_dict(make(params, lr=0.1).state_dict())
+        model.load_state_dict({k: torch.randn_like(v) for k, v in model.state_dict().items()})
+
+    restore()
+    watch = faults.FiniteWatch(params, torch.device("cpu"), opt)
+    assert step(5) == [0, 0]
+    restore()
+    watch.track_optimizer_state()  # else it would go on checking the replaced tensors
+    assert step(6, grad=1e30) == [0, 6]
+    assert step(7, grad=math.nan) == [0, 6]
+    assert step(8, loss_scale=math.inf) == [8, 6]
+    assert watch.local_message(1, 2) == (
+        "non-finite dense gradients (NaN or inf) at step 6 on rank 1 (seen by rank 1: dense "
+        "gradients at step 6, loss at step 8)")
+
+
 def test_non_finite_message_orders_by_step_then_kind() -> None:
     kinds = faults.FiniteWatch.KINDS
     assert faults.non_finite_message(torch.zeros(2, 2), kinds) is None
