@@ -418,32 +418,34 @@ class PeerNonFinite(NonFiniteValue):
 
 class FiniteWatch:
     """Remembers the first step at which the loss or the dense gradients went non-finite, and
-    reads it back without ever making the host wait for a device.
+    reads it back without ever making the host wait for a device; and whether the dense
+    optimizer's state went non-finite from gradients that were not.
 
     On a GPU :meth:`observe` queues one fused norm over the gradients and the loss
     (``_foreach_norm``; NaN and inf propagate, and so does a gradient too large to square in
-    float32, |g| > 1.8e19, which would turn Adagrad's or Adam's state inf) and four small ops
-    that record the step on the device; :meth:`poll` returns those of an earlier step, copied
-    to pinned memory asynchronously and read once the copy's event has completed.
+    float32, |g| > 1.8e19) and four small ops that record the step on the device; :meth:`poll`
+    returns those of an earlier step, copied to pinned memory asynchronously and read once the
+    copy's event has completed. On CPU there is no device to wait for, and a step's own time is
+    what counts: one op, PyTorch's GradScaler check ``_amp_foreach_non_finite_check_and_unscale_``
+    (with scale 1, which leaves every value as it is), tests the gradients and the loss for
+    NaN and inf in one pass, and one flag is read; only when it is set is each tensor looked
+    at. On CPU ``_foreach_norm`` is a loop of one norm op a tensor, several times the cost on
+    small models (``benchmarks/bench_loop.py``).
 
-    On CPU there is no device to wait for, and a step's own time is what counts: one op,
-    PyTorch's GradScaler check ``_amp_foreach_non_finite_check_and_unscale_`` (with scale 1,
-    which leaves every value as it is), tests the gradients, the loss and the dense
-    optimizer's state of each parameter for NaN and inf in one pass, and one flag is read.
-    The optimizer's state is what turns inf from a gradient too large to square, in the same
-    step. Only when the flag is set is each tensor looked at. On CPU ``_foreach_norm`` is a
-    loop of one norm op a tensor, several times the cost (``benchmarks/bench_loop.py``).
-    :meth:`first_steps` reads the current values (on a GPU a synchronization: only where the
-    loop synchronizes anyway).
+    A finite gradient too large to square turns Adagrad's or Adam's state inf, and then that
+    weight never moves again. Inf stays inf there, so :meth:`first_steps` with a step (where
+    the loop synchronizes anyway: every control exchange, record, checkpoint and evaluation)
+    checks the optimizer's state of each parameter, while no gradient was non-finite, and
+    records that step for it: the failure is found at the next such check, not in its step.
 
     Args:
         params: the dense parameters, whose gradients are checked.
         device: where they live.
-        optimizer: the optimizer that steps them, whose state of each (same shape as the
-            parameter: Adagrad's sum, Adam's moments, SGD's momentum) is checked on CPU.
+        optimizer: the optimizer that steps them, whose state of each (the tensors shaped
+            like the parameter: Adagrad's sum, Adam's moments, SGD's momentum) is checked.
     """
 
-    KINDS = ("loss", "dense gradients")
+    KINDS = ("loss", "dense gradients", "dense optimizer state")
 
     def __init__(self, params: Sequence[torch.Tensor], device: torch.device,
                  optimizer: torch.optim.Optimizer | None = None) -> None:
@@ -452,58 +454,45 @@ class FiniteWatch:
         self._none = torch.zeros(1, device=device)  # stands in for a gradient not computed
         # The first non-finite step of each gradient, then of the loss (0: none yet).
         self._first = torch.zeros(len(self.params) + 1, dtype=torch.long, device=device)
+        self._state_first = 0  # the check that found the optimizer's state non-finite
         self._async = device.type == "cuda"
         # Pinned, so that the copy from the GPU is asynchronous.
         self._host = torch.empty(len(self.params) + 1, dtype=torch.long,
                                  pin_memory=self._async)
         self._copied: torch.cuda.Event | None = None
         self._seen = [0] * len(self.KINDS)  # on CPU: what _first says, kept beside it
-        # On CPU: the optimizer's state tensors and the index of the parameter each belongs
-        # to, read after the first step (optimizers create state lazily); the flag, and 1.
-        self._states: list[tuple[int, torch.Tensor]] | None = None
-        self._flag = torch.zeros(1)
-        self._one = torch.ones(1)
+        # The GradScaler check's flag (set when it finds NaN or inf) and its scale, 1.
+        self._flag = torch.zeros(1, device=device)
+        self._one = torch.ones(1, device=device)
 
-    def track_optimizer_state(self) -> None:
-        """Reads the optimizer's state tensors again at the next :meth:`observe`: after
-        anything that replaces them (``load_state_dict``)."""
-        self._states = None
-
-    def _optimizer_states(self) -> list[tuple[int, torch.Tensor]]:
-        index = {id(p): i for i, p in enumerate(self.params)}
-        state = {} if self.optimizer is None else self.optimizer.state
-        return [(index[id(p)], t) for p, kept in state.items() if id(p) in index
-                for t in kept.values()
-                if isinstance(t, torch.Tensor) and t.is_floating_point() and t.shape == p.shape]
+    def _any_non_finite(self, tensors: list[torch.Tensor]) -> bool:
+        """One fused pass (values left as they are); reads its flag, so on a GPU it waits."""
+        torch._amp_foreach_non_finite_check_and_unscale_(tensors, self._flag, self._one)
+        if not self._flag.item():
+            return False
+        self._flag.zero_()
+        return True
 
     @torch.no_grad()
     def observe(self, step: int, loss: torch.Tensor) -> None:
         """Records ``step`` for what is non-finite now, unless it was already recorded."""
         tensors = [self._none if p.grad is None else p.grad for p in self.params]
-        tensors.append(loss)  # as it is: no_grad, and the check writes it back unchanged
+        tensors.append(loss)  # as it is: no_grad, and neither check writes it
         if self._async:
             norms = torch.stack(torch._foreach_norm(tensors, 2))
             bad = norms.isfinite().logical_not_()
             self._first.masked_fill_(bad.logical_and_(self._first == 0), step)
             return
-        if self._states is None:
-            self._states = self._optimizer_states()
-        torch._amp_foreach_non_finite_check_and_unscale_(
-            [*tensors, *(t for _, t in self._states)], self._flag, self._one)
-        if not self._flag.item():
+        if not self._any_non_finite(tensors):
             return
-        self._flag.zero_()
-        finite = [bool(torch.isfinite(t).all()) for t in tensors]
-        for i, t in self._states:
-            finite[i] = finite[i] and bool(torch.isfinite(t).all())
-        for i, ok in enumerate(finite):
-            if not ok and not self._first[i]:
+        for i, t in enumerate(tensors):
+            if not self._first[i] and not bool(torch.isfinite(t).all()):
                 self._first[i] = step
         self._seen = self._kinds(self._first.tolist())
 
     def _kinds(self, first: list[int]) -> list[int]:
         grads = [s for s in first[:-1] if s > 0]
-        return [first[-1], min(grads) if grads else 0]
+        return [first[-1], min(grads) if grads else 0, self._state_first]
 
     def poll(self) -> list[int] | None:
         """Per kind, the first non-finite step known now without waiting (0: none yet), or
@@ -518,8 +507,21 @@ class FiniteWatch:
         self._copied.record()
         return seen
 
-    def first_steps(self) -> list[int]:
-        """Per kind, the first step it was non-finite (0: never). Waits for the device."""
+    @torch.no_grad()
+    def first_steps(self, step: int | None = None) -> list[int]:
+        """Per kind, the first step it was non-finite (0: never). Waits for the device. With
+        ``step``, the optimizer's state is checked first (while no gradient was non-finite,
+        since those make it so as well), and ``step`` recorded for it if it is not finite."""
+        first = self._kinds(self._first.tolist())
+        if step is None or first[1] or self._state_first or self.optimizer is None:
+            return first
+        ids = {id(p) for p in self.params}
+        states = [t for p, kept in self.optimizer.state.items() if id(p) in ids
+                  for t in kept.values()
+                  if isinstance(t, torch.Tensor) and t.is_floating_point() and t.shape == p.shape]
+        if states and self._any_non_finite(states):
+            self._state_first = step
+            self._seen = self._kinds(self._first.tolist())
         return self._kinds(self._first.tolist())
 
     def local_message(self, rank: int, world_size: int,

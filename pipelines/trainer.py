@@ -84,8 +84,9 @@ class Trainer:
     the poll has not shown yet (on GPUs it lags a step or more) and non-finite gradients are
     compared across ranks in the control exchange and before every log record, checkpoint,
     evaluation and the end, where every rank raises and the earliest (step, then loss before
-    gradients) is named. Evaluation checks its predictions on every rank and its metrics.
-    Nothing non-finite is logged, checkpointed or summarized.
+    gradients) is named; so is a dense optimizer state turned inf by a gradient too large to
+    square, found at the first such check after it. Evaluation checks its predictions on every
+    rank and its metrics. Nothing non-finite is logged, checkpointed or summarized.
 
     Example::
 
@@ -357,7 +358,6 @@ class Trainer:
         for name, opt in self.optimizer.optimizers:
             if name != "sparse":
                 opt.load_state_dict(local["optimizers"][name])
-        self.watch.track_optimizer_state()
         self.wrapper.load_state_dict(local["sync"])
         torch.set_rng_state(local["rng"])
         if "cuda_rng" in local and self.env.device.type == "cuda":
@@ -393,7 +393,7 @@ class Trainer:
     def _check_finite(self, where: str) -> None:
         """Collective: raises on every rank if the loss or the dense gradients went non-finite
         on any (see :func:`~.faults.raise_if_non_finite`)."""
-        table = self.control.exchange(self.watch.first_steps())
+        table = self.control.exchange(self.watch.first_steps(self.step))
         faults.raise_if_non_finite(table, faults.FiniteWatch.KINDS, self.env.rank, where)
 
     def _agree_to_stop(self, now: bool = True) -> bool:
@@ -413,8 +413,8 @@ class Trainer:
             started_after, result = pending
             if self._act_on_control(started_after, result()):
                 return True
-        values = [faults.stop_requested(), self.wrapper.failed(), *self.watch.first_steps(),
-                  self._pace()]
+        values = [faults.stop_requested(), self.wrapper.failed(),
+                  *self.watch.first_steps(self.step), self._pace()]
         if now:
             return self._act_on_control(self.step, self.control.exchange(values))
         self._control_pending = (self.step, self.control.start_exchange(values))

@@ -536,10 +536,11 @@ def test_ranks_agree_on_who_went_non_finite_first(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("optimizer", ["adagrad", "adam"])
 def test_watch_on_cpu_names_the_first_step_of_each_kind(optimizer: str) -> None:
-    """On CPU, the watch's one check a step finds a NaN gradient, a NaN loss, and a finite
-    gradient too large to square (1e30: the optimizer's state turns inf and would freeze that
-    weight), each at its own step; also after a restore replaced the optimizer's state. A
-    finite step leaves the gradients and the loss exactly as they were."""
+    """On CPU, the watch's one check a step finds a NaN gradient and a NaN loss in their own
+    steps; a finite gradient too large to square (1e30), whose optimizer state turns inf and
+    would freeze that weight, is found at the next check with a step (also after a restore
+    replaced the optimizer's state), and only while no gradient was non-finite. A finite step
+    leaves the gradients and the loss exactly as they were."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 1))
     model[1].bias.requires_grad_(False)  # a parameter without a gradient
@@ -562,9 +563,13 @@ def test_watch_on_cpu_names_the_first_step_of_each_kind(optimizer: str) -> None:
             assert torch.equal(before[1], loss)
         return watch.poll()
 
-    assert [step(1), step(2)] == [[0, 0], [0, 0]]
-    assert step(3, grad=1e30) == [0, 3]  # finite, but its square is not
-    assert step(4) == [0, 3] and watch.first_steps() == [0, 3]
+    assert [step(1), step(2), watch.first_steps(2)] == [[0, 0, 0]] * 3
+    assert step(3, grad=1e30) == [0, 0, 0]  # a finite gradient, but its square is not
+    assert step(4) == [0, 0, 0] and watch.first_steps() == [0, 0, 0]  # no step: not checked
+    assert watch.first_steps(4) == [0, 0, 4] and step(5) == [0, 0, 4]
+    assert watch.local_message(0, 1) == (
+        "non-finite dense optimizer state (NaN or inf) at step 4 on rank 0 (seen by rank 0: "
+        "dense optimizer state at step 4)")
 
     def restore() -> None:  # as from a checkpoint: new state tensors, finite weights
         opt.load_state_dict(make(params, lr=0.1).state_dict())
@@ -572,15 +577,17 @@ def test_watch_on_cpu_names_the_first_step_of_each_kind(optimizer: str) -> None:
 
     restore()
     watch = faults.FiniteWatch(params, torch.device("cpu"), opt)
-    assert step(5) == [0, 0]
+    assert step(6) == [0, 0, 0] and watch.first_steps(6) == [0, 0, 0]
     restore()
-    watch.track_optimizer_state()  # else it would go on checking the replaced tensors
-    assert step(6, grad=1e30) == [0, 6]
-    assert step(7, grad=math.nan) == [0, 6]
-    assert step(8, loss_scale=math.inf) == [8, 6]
+    assert step(7, grad=1e30) == [0, 0, 0] and watch.first_steps(7) == [0, 0, 7]
+    restore()
+    watch = faults.FiniteWatch(params, torch.device("cpu"), opt)
+    assert step(8, grad=math.nan) == [0, 8, 0]
+    assert step(9, loss_scale=math.inf) == [9, 8, 0]
+    assert watch.first_steps(9) == [9, 8, 0]  # the state went NaN from the gradient: not named
     assert watch.local_message(1, 2) == (
-        "non-finite dense gradients (NaN or inf) at step 6 on rank 1 (seen by rank 1: dense "
-        "gradients at step 6, loss at step 8)")
+        "non-finite dense gradients (NaN or inf) at step 8 on rank 1 (seen by rank 1: dense "
+        "gradients at step 8, loss at step 9)")
 
 
 def test_non_finite_message_orders_by_step_then_kind() -> None:
