@@ -433,10 +433,11 @@ class FiniteWatch:
     small models (``benchmarks/bench_loop.py``).
 
     A finite gradient too large to square turns Adagrad's or Adam's state inf, and then that
-    weight never moves again. Inf stays inf there, so :meth:`first_steps` with a step (where
-    the loop synchronizes anyway: every control exchange, record, checkpoint and evaluation)
-    checks the optimizer's state of each parameter, while no gradient was non-finite, and
-    records that step for it: the failure is found at the next such check, not in its step.
+    weight never moves again. Inf stays inf there, so :meth:`first_steps` with a step (which
+    the loop passes before every log record, checkpoint, evaluation and the end) checks the
+    optimizer's state of each parameter, while no gradient was non-finite, and records that
+    step for it: the failure is found at the next such point, not in its step. It is a full
+    read of the state, too much for every step or control exchange at large dense sizes.
 
     Args:
         params: the dense parameters, whose gradients are checked.

@@ -85,8 +85,9 @@ class Trainer:
     compared across ranks in the control exchange and before every log record, checkpoint,
     evaluation and the end, where every rank raises and the earliest (step, then loss before
     gradients) is named; so is a dense optimizer state turned inf by a gradient too large to
-    square, found at the first such check after it. Evaluation checks its predictions on every
-    rank and its metrics. Nothing non-finite is logged, checkpointed or summarized.
+    square, found at the next log record, checkpoint, evaluation or the end. Evaluation checks
+    its predictions on every rank and its metrics. Nothing non-finite is logged, checkpointed
+    or summarized.
 
     Example::
 
@@ -413,8 +414,10 @@ class Trainer:
             started_after, result = pending
             if self._act_on_control(started_after, result()):
                 return True
+        # The optimizer's state (a full read of it) only where it must be known: not at every
+        # periodic check, since what it finds stays until the next record.
         values = [faults.stop_requested(), self.wrapper.failed(),
-                  *self.watch.first_steps(self.step), self._pace()]
+                  *self.watch.first_steps(self.step if now else None), self._pace()]
         if now:
             return self._act_on_control(self.step, self.control.exchange(values))
         self._control_pending = (self.step, self.control.start_exchange(values))

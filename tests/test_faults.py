@@ -499,6 +499,24 @@ def _non_finite_in_process(rank: int, world_size: int, out: str) -> dict[str, An
         results["metrics"] = {"error": type(e).__name__, "message": str(e)}
     finally:
         trainer_module.gather_metrics = exact
+    # A finite gradient too large to square on rank 1 in step 13 (Adagrad's state turns inf;
+    # no replica sync, so only there): found before the next record, at step 20.
+    trainer = train.Trainer(load_config("synthetic", SMALL[2:] + [
+        "train.steps=30", "train.log_every=10", "optim.dense=adagrad", "sync.algorithm=none"]),
+        env, build_dataset(cfg.data.name, **cfg.data.options))
+    step_optimizer = trainer.optimizer.step
+
+    def huge_gradient(*args: Any, **kwargs: Any) -> Any:
+        if rank == 1 and trainer.step == 12:  # the step's own count is not advanced yet
+            trainer.watch.params[0].grad.view(-1)[0] = 1e30
+        return step_optimizer(*args, **kwargs)
+
+    trainer.optimizer.step = huge_gradient  # type: ignore[method-assign]
+    try:
+        trainer.train()
+        results["state"] = {"error": None}
+    except faults.NonFiniteValue as e:
+        results["state"] = {"error": type(e).__name__, "message": str(e), "step": trainer.step}
     return results
 
 
@@ -508,7 +526,8 @@ def test_ranks_agree_on_who_went_non_finite_first(tmp_path: Path) -> None:
     DDP spread rank 1's NaN loss of step 25 to rank 0's gradients in the same step; the loss
     is named first, and only rank 1 claims the cause. NaN eval predictions on rank 1 fail the
     final evaluation on every rank, and no summary is written; so do eval metrics that are
-    not finite (labels of one class: neither NE nor AUC is defined)."""
+    not finite (labels of one class: neither NE nor AUC is defined). A finite gradient that
+    turned the optimizer's state inf is found at the next record."""
     r0, r1 = run_ranks(functools.partial(_non_finite_in_process, out=str(tmp_path)),
                        timeout_s=120)
     assert r0["loss"]["step"] == r1["loss"]["step"] == 40
@@ -532,6 +551,10 @@ def test_ranks_agree_on_who_went_non_finite_first(tmp_path: Path) -> None:
         assert r["metrics"]["message"].startswith(
             "non-finite eval metrics {'auc': nan, 'ne': nan"), r  # no AUC of one class
         assert "in the evaluation after step 5" in r["metrics"]["message"]
+    assert r1["state"] == {"error": "NonFiniteValue", "step": 20, "message": (
+        "non-finite dense optimizer state (NaN or inf) at step 20 on rank 1 (seen by rank 1: "
+        "dense optimizer state at step 20); found before the log of step 20")}
+    assert r0["state"]["error"] == "PeerNonFinite" and r0["state"]["step"] == 20
 
 
 @pytest.mark.parametrize("optimizer", ["adagrad", "adam"])
