@@ -478,7 +478,7 @@ class FiniteWatch:
     def observe(self, step: int, loss: torch.Tensor) -> None:
         """Records ``step`` for what is non-finite now, unless it was already recorded."""
         tensors = [self._none if p.grad is None else p.grad for p in self.params]
-        tensors.append(loss)  # as it is: no_grad, and neither check writes it
+        tensors.append(loss)  # as it is: no_grad (the CPU check writes values back unchanged)
         if self._async:
             norms = torch.stack(torch._foreach_norm(tensors, 2))
             bad = norms.isfinite().logical_not_()
@@ -521,9 +521,8 @@ class FiniteWatch:
                   for t in kept.values()
                   if isinstance(t, torch.Tensor) and t.is_floating_point() and t.shape == p.shape]
         if states and self._any_non_finite(states):
-            self._state_first = step
-            self._seen = self._kinds(self._first.tolist())
-        return self._kinds(self._first.tolist())
+            self._state_first = self._seen[2] = first[2] = step
+        return first
 
     def local_message(self, rank: int, world_size: int,
                       steps: Sequence[int] | None = None) -> str | None:

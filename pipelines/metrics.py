@@ -49,7 +49,7 @@ def auc(scores: torch.Tensor, labels: torch.Tensor) -> float:
     (counts below and up to each positive), and a training record computes one every
     ``log_every`` steps, beside training, on the CPUs training needs.
     """
-    x = scores.detach().cpu().numpy()
+    x = scores.detach().to("cpu", torch.float64).numpy()  # a no-op for float64 on the host
     positive = labels.detach().cpu().numpy() > 0.5
     pos, neg = np.sort(x.compress(positive)), np.sort(x.compress(~positive))
     if pos.size == 0 or neg.size == 0 or np.isnan(pos[-1]) or np.isnan(neg[-1]):
