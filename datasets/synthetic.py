@@ -23,7 +23,6 @@ from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from shadowsync.datasets.base import DataSpec, RecDataset, register_dataset
-from shadowsync.pipelines.metrics import auc
 
 NUM_DENSE = 13
 NUM_SPARSE = 26
@@ -144,12 +143,14 @@ class SyntheticCriteo(RecDataset):
 
     def planted_auc(self, batch_size: int = 4096) -> float:
         """AUC of the planted model itself on the eval split: the ceiling for any learner."""
+        from torchmetrics.functional.classification import binary_auroc
+
         scores, labels = [], []
         for index in range(self.num_examples["eval"] // batch_size):
             batch, logit = self._generate("eval", index, batch_size)
             scores.append(logit)
             labels.append(batch.labels)
-        return auc(torch.cat(scores), torch.cat(labels))
+        return float(binary_auroc(torch.cat(scores), torch.cat(labels).long()))
 
 
 @register_dataset("synthetic")
