@@ -392,8 +392,8 @@ class Trainer:
             self.position.next_epoch()
 
     def _check_finite(self, where: str) -> None:
-        """Collective: raises on every rank if the loss or the dense gradients went non-finite
-        on any (see :func:`~.faults.raise_if_non_finite`)."""
+        """Collective: raises on every rank if the loss, the dense gradients or the dense
+        optimizer's state went non-finite on any (see :func:`~.faults.raise_if_non_finite`)."""
         table = self.control.exchange(self.watch.first_steps(self.step))
         faults.raise_if_non_finite(table, faults.FiniteWatch.KINDS, self.env.rank, where)
 
