@@ -40,7 +40,11 @@ with one of the reference's: the machine's speed, which on shared cores wanders 
 seconds, then falls on both sides step by step, and two identical loops read far closer than
 in blocks of tens of steps. There a record's compute must end before the very next block, so
 ours is charged its whole wall time (an upper bound of what it costs training, which it runs
-beside)::
+beside), unless ``--defer K`` puts off the blocks due in the ``K`` steps after each record
+and runs them right after: then the compute runs beside ours' steps, as in training, and
+what it costs them is ours'. A run longer than an epoch takes as many epochs as it needs on
+both sides, each side's pipeline draining at every epoch's end (TorchRec's DLRM example
+makes a fresh iterator an epoch); each repeat's ratio reads closer with more steps::
 
     .venv/bin/torchrun --nproc_per_node 2 benchmarks/bench_loop.py --config movielens_1m \\
         --steps 800 --repeats 6 --interleave 1 --aa
@@ -84,7 +88,6 @@ import argparse
 import collections
 import contextlib
 import io
-import itertools
 import json
 import logging
 import re
@@ -128,9 +131,10 @@ ABLATIONS: dict[str, list[str]] = {
 
 def _config(preset: str, arm: str, steps: int, overrides: list[str]) -> RunConfig:
     algorithm = "ddp" if arm.endswith("ddp") else "none"
+    # as many epochs as steps: ``train.steps`` ends the run, over as many passes as it takes
     return load_config(preset, [*overrides, f"sync.algorithm={algorithm}", f"train.steps={steps}",
-                                "eval.every_steps=null", "checkpoint.dir=null",
-                                "logging.progress_bar=false"])
+                                f"train.epochs={steps}", "eval.every_steps=null",
+                                "checkpoint.dir=null", "logging.progress_bar=false"])
 
 
 @contextlib.contextmanager
@@ -193,7 +197,7 @@ def watch_off() -> Iterator[None]:
 
 def ablate(arm: str, preset: str, steps: int, block: int, overrides: list[str], env: DistEnv,
            repeat: int, variants: list[str] | None = None, one_model: bool = False,
-           ) -> list[dict[str, Any]]:
+           defer: int = 0) -> list[dict[str, Any]]:
     """``--ablate``: ours ``arm`` (``ddp`` or ``none``) against its reference in one
     :func:`interleaved` job per variant of :data:`ABLATIONS` (``variants``: all), in an order
     that turns around every other repeat. Per variant: ours' ratio to the reference, its own
@@ -204,7 +208,7 @@ def ablate(arm: str, preset: str, steps: int, block: int, overrides: list[str], 
     for name in names[::-1 if repeat % 2 else 1]:
         with watch_off() if name == "watch off" else contextlib.nullcontext():
             got = interleaved(pair, preset, steps, block, [*overrides, *ABLATIONS[name]], env,
-                              one_model=one_model)
+                              one_model=one_model, defer=defer)
         rows.append(ablation_row(name, repeat, got[pair[0]], got[pair[1]]))
     return rows
 
@@ -243,29 +247,51 @@ def reference(cfg: RunConfig, env: DistEnv) -> tuple[TrainPipelineSparseDist, It
     dmp, _ = build_sharded_model(cfg, dataset.spec, env, wrapper)
     pipeline = TrainPipelineSparseDist(dmp, build_optimizer(cfg, dmp), env.device)
     dmp.train()
-    return pipeline, reference_batches(cfg, env, dataset)
+    return pipeline, Epochs(cfg, env, dataset)
 
 
-def reference_batches(cfg: RunConfig, env: DistEnv, dataset: RecDataset | None = None,
-                      ) -> Iterator[Any]:
-    """The reference's ``train.steps`` batches: the first epoch's, as ours gets them."""
-    if dataset is None:
-        dataset = build_dataset(cfg.data.name, **cfg.data.options)
-    assert cfg.train.steps is not None
-    return itertools.islice(
-        dataset.train_batches(cfg.train.batch_size, env.rank, env.world_size, 0), cfg.train.steps)
+class Epochs:
+    """The reference's ``train.steps`` batches, as ours gets them: epoch after epoch, each a
+    fresh iterator (TorchRec's DLRM example makes one an epoch, so its pipeline drains at each
+    epoch's end, as ours does)."""
+
+    def __init__(self, cfg: RunConfig, env: DistEnv, dataset: RecDataset | None = None) -> None:
+        assert cfg.train.steps is not None
+        self._dataset = dataset or build_dataset(cfg.data.name, **cfg.data.options)
+        self._cfg, self._env = cfg, env
+        self._left, self._epoch = cfg.train.steps, -1
+        self.current: Iterator[Any] = iter(())
+        self.next_epoch()
+
+    def next_epoch(self) -> bool:
+        """Moves :attr:`current` to the next epoch's batches; False once all are taken."""
+        if self._left <= 0:
+            return False
+        self._epoch += 1
+        self.current = self._taken(self._dataset.train_batches(
+            self._cfg.train.batch_size, self._env.rank, self._env.world_size, self._epoch))
+        return True
+
+    def _taken(self, batches: Iterator[Any]) -> Iterator[Any]:
+        for batch in batches:
+            if self._left <= 0:
+                return
+            self._left -= 1
+            yield batch
 
 
-def reference_steps(pipeline: TrainPipelineSparseDist, batches: Iterator[Any],
+def reference_steps(pipeline: TrainPipelineSparseDist, batches: Epochs,
                     steps: int | None) -> int:
-    """TorchRec's DLRM example loop: up to ``steps`` steps (all batches if None); returns how
-    many it took."""
+    """TorchRec's DLRM example loop, epoch after epoch: up to ``steps`` steps (all batches if
+    None); returns how many it took."""
     done = 0
     while steps is None or done < steps:
         try:
-            pipeline.progress(batches)
+            pipeline.progress(batches.current)
         except StopIteration:
-            break
+            if not batches.next_epoch():
+                break
+            continue
         done += 1
     return done
 
@@ -320,7 +346,7 @@ def run(arm: str, preset: str, steps: int, overrides: list[str], env: DistEnv,
 
 def interleaved(pair: tuple[str, str], preset: str, steps: int, block: int,
                 overrides: list[str], env: DistEnv, phases: bool = False,
-                one_model: bool = False) -> dict[str, dict[str, Any]]:
+                one_model: bool = False, defer: int = 0) -> dict[str, dict[str, Any]]:
     """One job of ours with the reference's blocks between its steps (``--interleave``);
     per arm of ``pair`` (reference, ours), the figures of :func:`run`, and ours' wait for its
     metrics compute before blocks (``wait_ms``, counted in ours' time); with ``phases``, ours'
@@ -330,13 +356,21 @@ def interleaved(pair: tuple[str, str], preset: str, steps: int, block: int,
     own pipeline (its model, optimizers and in-flight batches), fed the reference's batches,
     instead of on a model built beside it: the two sides then differ only by the loop around
     ``progress``, not also by two builds of the model.
+
+    With ``defer`` (``--defer K``) the blocks due in the ``K`` steps of ours after each record
+    starts are put off and run, with the one due next, right after them: the record's compute
+    then runs beside ours' steps, as in training, and not before a block. What it costs ours'
+    steps is ours'; a wait still left when the blocks run is counted as ours' too. The rule is
+    by step count, as every rank must take the same blocks (their collectives pair up).
     """
     if steps % block:
         raise ValueError(f"--steps {steps} is not a multiple of --interleave {block}")
+    if not 0 <= defer < _config(preset, pair[1], steps, overrides).train.log_every:
+        raise ValueError(f"--defer {defer} must be at least 0 and under train.log_every")
     cfg = _config(preset, pair[0], steps, overrides)
     ref_pipeline: TrainPipelineSparseDist | None
     if one_model:
-        ref_pipeline, ref_batches = None, reference_batches(cfg, env)
+        ref_pipeline, ref_batches = None, Epochs(cfg, env)
     else:
         ref_pipeline, ref_batches = reference(cfg, env)
     in_block = [False]
@@ -344,11 +378,13 @@ def interleaved(pair: tuple[str, str], preset: str, steps: int, block: int,
     start_compute = TrainingMetrics.start_compute
     computing: list[Any] = []
     calls = [0]
+    record_at, owed = [-defer - 1], [0]  # ours' step of the last record; blocks put off
     spent = {"reference": 0.0, "reference inside": 0.0, "ours inside": 0.0, "wait": 0.0,
              "first": 0.0}
 
     def recorded(self: TrainingMetrics) -> Any:
         computing[:] = [start_compute(self)]
+        record_at[0] = calls[0]
         return computing[0]
 
     def timed(self: TrainPipelineSparseDist, batches: Iterator[Any]) -> Any:
@@ -364,19 +400,22 @@ def interleaved(pair: tuple[str, str], preset: str, steps: int, block: int,
         # before ours' step calls[0]; on one model a step earlier: ours' batches run dry one
         # step before its last, and TorchRec's pipeline cannot take new ones once it drained
         due = calls[0] + one_model
-        if due % block == 0 and due <= steps:
+        if due % block == 0 and due <= record_at[0] + defer and due + block <= steps:
+            owed[0] += 1
+        elif due % block == 0 and due <= steps:
             if computing and not computing[0].done():
                 computing[0].exception()  # waits; a failure is raised by ours when it reads
                 spent["wait"] += time.perf_counter() - began
             began_block = time.perf_counter()
             in_block[0] = True
             try:
-                done = reference_steps(ref_pipeline or self, ref_batches, block)
+                done = reference_steps(ref_pipeline or self, ref_batches, block * (owed[0] + 1))
             finally:
                 in_block[0] = False
-            if done != block:
+            if done != block * (owed[0] + 1):
                 raise RuntimeError("the reference ran out of batches")
             spent["reference"] += time.perf_counter() - began_block
+            owed[0] = 0
             began = time.perf_counter()
         try:
             return progress(self, batches)
@@ -520,10 +559,14 @@ def main() -> int:
     parser.add_argument("--ablate", choices=["ddp", "none"],
                         help="with --interleave, run that pair once per feature of ours "
                              "turned off instead")
+    parser.add_argument("--defer", type=int, default=0, metavar="K",
+                        help="with --interleave, put off the blocks due in the K steps after "
+                             "each record of ours and run them right after (default 0)")
     parser.add_argument("overrides", nargs="*", help="overrides for every arm")
     args = parser.parse_args()
-    if (args.aa or args.phases or args.ablate or args.one_model) and not args.interleave:
-        parser.error("--aa, --phases, --ablate and --one-model need --interleave")
+    if (args.aa or args.phases or args.ablate or args.one_model or args.defer) \
+            and not args.interleave:
+        parser.error("--aa, --phases, --ablate, --one-model and --defer need --interleave")
     if args.ablate and args.phases:
         parser.error("--phases times our phases in the pairs, not in --ablate's variants")
     logging.basicConfig(level=logging.WARNING, force=True)
@@ -544,7 +587,7 @@ def main() -> int:
             pairs = pairs[::-1 if rep % 2 else 1]
             runs = [arm_row for pair in pairs for arm_row in interleaved(
                 pair, args.config, args.steps, args.interleave, args.overrides, env,
-                args.phases, args.one_model).items()]
+                args.phases, args.one_model, args.defer).items()]
         else:
             runs = [(arm, run(arm, args.config, args.steps, args.overrides, env))
                     for arm in order(rep)]
@@ -573,10 +616,11 @@ def _ablate_main(args: argparse.Namespace, env: DistEnv) -> int:
     rows: list[dict[str, Any]] = []
     for rep in range(args.repeats):
         got = ablate(args.ablate, args.config, args.steps, args.interleave, args.overrides, env,
-                     rep, one_model=args.one_model)
+                     rep, one_model=args.one_model, defer=args.defer)
         if args.aa:
             pair = interleaved((AA[aa], aa), args.config, args.steps, args.interleave,
-                               args.overrides, env, one_model=args.one_model)
+                               args.overrides, env, one_model=args.one_model,
+                               defer=args.defer)
             got.append(ablation_row("A/A", rep, pair[AA[aa]], pair[aa]))
         rows += got
         if env.rank == 0:

@@ -498,11 +498,15 @@ class Trainer:
         self.dmp.train()
         train_time = 0.0
         steps_timed = 0
-        loss_sum, loss_n = torch.zeros((), device=self.env.device), 0
+        losses: list[torch.Tensor] = []  # since the last record, summed there: no op a step
         preempted = False
         self._evaluate_if_due()  # resumed from a preemption that stopped before it
-        for segment in self._segments():
-            t_seg = time.perf_counter()
+        segments = self._segments()
+        while True:
+            t_seg = time.perf_counter()  # before its first batch is read: that is training
+            segment = next(segments, None)
+            if segment is None:
+                break
             self._control_clock = (t_seg, self.step)  # paces count training time only
             while True:
                 try:
@@ -524,17 +528,15 @@ class Trainer:
                 steps_timed += 1
                 with _phase("shadowsync.train.metrics"):
                     self.metrics.add(logits, labels)
-                    loss_sum += loss.detach()
-                loss_n += 1
+                    losses.append(loss.detach())
                 with _phase("shadowsync.train.gc"):
                     self.collector.after_step(self.step)
                 bar.update(1)
                 if self.step % cfg.train.log_every == 0:
                     with _phase("shadowsync.train.log"):
                         self._check_finite(f"before the log of step {self.step}")
-                        self._start_train_record(float(loss_sum) / loss_n)
-                    loss_sum.zero_()
-                    loss_n = 0
+                        self._start_train_record(float(torch.stack(losses).mean()))
+                    losses.clear()
                 record = self._finish_train_record(wait=False)
                 if record is not None:
                     bar.set_postfix(loss=f"{record['loss']:.4f}", ne=f"{record.get('ne', 0):.4f}",
@@ -553,8 +555,8 @@ class Trainer:
                     t_seg = time.perf_counter()
                     self._control_clock = (t_seg, self.step)
             self._finish_train_record()  # logged before what may fail the evaluation or end
-            train_time += time.perf_counter() - t_seg
             preempted = preempted or self._agree_to_stop()  # an evaluation or the end follows
+            train_time += time.perf_counter() - t_seg
             if preempted:
                 break
             self._evaluate_if_due()

@@ -204,13 +204,18 @@ def _interleaved_pair(rank: int, world_size: int) -> dict[str, Any]:
         bench.interleaved(("reference local", "ours none"), "synthetic", 25, 10, [], env)
     order: list[int] = []  # the pipeline of each training-mode progress call
     fed: list[int] = []  # and the batches it was given
+    stepped: list[bool] = []  # and whether it took a step (else: StopIteration)
     progress = TrainPipelineSparseDist.progress
 
     def spy(self: TrainPipelineSparseDist, batches: Any) -> Any:
-        if self._model.training:
-            order.append(id(self))
-            fed.append(id(batches))
-        return progress(self, batches)
+        if not self._model.training:
+            return progress(self, batches)
+        order.append(id(self))
+        fed.append(id(batches))
+        stepped.append(False)
+        got = progress(self, batches)
+        stepped[-1] = True
+        return got
 
     TrainPipelineSparseDist.progress = spy
     try:
@@ -230,12 +235,26 @@ def _interleaved_pair(rank: int, world_size: int) -> dict[str, Any]:
         fed.clear()
         one = bench.interleaved(("reference local", "ours none"), "synthetic", 40, 10,
                                 [*SMALL[2:], "train.log_every=10"], env, one_model=True)
+        one_fed, one_pipelines = list(fed), len(set(order))
+        with pytest.raises(ValueError, match="--defer 10 must be .* under train.log_every"):
+            bench.interleaved(("reference local", "ours none"), "synthetic", 20, 1,
+                              [*SMALL[2:], "train.log_every=10"], env, defer=10)
+        order.clear()
+        stepped.clear()
+        # 24 steps over epochs of 10 (128 x 2 ranks x 10 = 2,560 examples), records every 10
+        deferred = bench.interleaved(("reference local", "ours none"), "synthetic", 24, 1,
+                                     [*SMALL[2:], "train.log_every=10",
+                                      "data.options.num_train_examples=2560"], env, defer=3)
+        ref_id = order[0]
+        calls = "".join(("R" if p == ref_id else "O") if s else ("r" if p == ref_id else "o")
+                        for p, s in zip(order, stepped, strict=True))
     finally:
         TrainPipelineSparseDist.progress = progress
     return {"arms": by_arm, "runs": runs, "pipelines": pipelines, "aa": aa, "aa runs": aa_runs,
             "single": single, "single order": single_order,
-            "one": one, "one pipelines": len(set(order)),
-            "one runs": [len(list(g)) for _, g in itertools.groupby(fed)]}
+            "one": one, "one pipelines": one_pipelines,
+            "one runs": [len(list(g)) for _, g in itertools.groupby(one_fed)],
+            "deferred": deferred, "deferred calls": calls}
 
 
 def test_interleaved_pair_times_each_loop_apart() -> None:
@@ -278,6 +297,14 @@ def test_interleaved_pair_times_each_loop_apart() -> None:
         ref, ours = result["one"]["reference local"], result["one"]["ours none"]
         assert 0.45 < ours["examples_per_s"] / ref["examples_per_s"] < 2.0, result["one"]
         assert 0 <= ours["own_ms_per_step"] < ours["ms_per_step"], ours
+        # --defer 3 over epochs of 10 steps, each side's pipeline draining at its epochs' ends
+        # (r, o: a call that found no batch): the reference's steps due in the 3 calls of ours
+        # after each record (steps 10 and 20) run together after them, the last turn's before
+        # ours' call 24 (nothing is put off past it); 24 steps on each side
+        calls = result["deferred calls"]
+        assert calls == ("RO" * 10 + "oOO" + "rRRRR" + "O" + "RO" * 6 + "rRO" + "oO" + "RRR"
+                         + "OOOo"), calls
+        assert calls.count("R") == calls.count("O") == 24
 
 
 def test_rotating_replicas_refuses_arms_that_cannot_take_turns() -> None:
