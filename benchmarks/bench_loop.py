@@ -378,7 +378,7 @@ def interleaved(pair: tuple[str, str], preset: str, steps: int, block: int,
     start_compute = TrainingMetrics.start_compute
     computing: list[Any] = []
     calls = [0]
-    record_at, owed = [-defer - 1], [0]  # ours' step of the last record; blocks put off
+    record_at, owed = [-defer - 1], [0]  # ours' calls at its last record; blocks put off
     spent = {"reference": 0.0, "reference inside": 0.0, "ours inside": 0.0, "wait": 0.0,
              "first": 0.0}
 
@@ -397,8 +397,9 @@ def interleaved(pair: tuple[str, str], preset: str, steps: int, block: int,
             finally:
                 spent["reference inside"] += time.perf_counter() - began
         calls[0] += 1
-        # before ours' step calls[0]; on one model a step earlier: ours' batches run dry one
-        # step before its last, and TorchRec's pipeline cannot take new ones once it drained
+        # before ours' call calls[0] (a step, or at an epoch's end the call that finds no
+        # batch); on one model a call earlier: ours' batches run dry one step before its
+        # last, and TorchRec's pipeline cannot take new ones once it drained
         due = calls[0] + one_model
         if due % block == 0 and due <= record_at[0] + defer and due + block <= steps:
             owed[0] += 1
