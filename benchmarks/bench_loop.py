@@ -90,7 +90,6 @@ import contextlib
 import io
 import json
 import logging
-import os
 import re
 import statistics
 import sys
@@ -564,9 +563,6 @@ def main() -> int:
     parser.add_argument("--defer", type=int, default=0, metavar="K",
                         help="with --interleave, put off the blocks due in the K steps after "
                              "each record of ours and run them right after (default 0)")
-    parser.add_argument("--pin", action="store_true",
-                        help="run each rank, and every thread it starts, on one core of its "
-                             "own (LOCAL_RANK's)")
     parser.add_argument("overrides", nargs="*", help="overrides for every arm")
     args = parser.parse_args()
     if (args.aa or args.phases or args.ablate or args.one_model or args.defer) \
@@ -575,8 +571,6 @@ def main() -> int:
     if args.ablate and args.phases:
         parser.error("--phases times our phases in the pairs, not in --ablate's variants")
     logging.basicConfig(level=logging.WARNING, force=True)
-    if args.pin:  # before any thread starts: each inherits its starter's cores
-        os.sched_setaffinity(0, {int(os.environ["LOCAL_RANK"]) % (os.cpu_count() or 1)})
     env = init_distributed(300.0)
     if args.profile:
         text = profile(args.config, args.steps, args.overrides, env, args.profile)
