@@ -257,7 +257,8 @@ class Epochs:
 
     def __init__(self, cfg: RunConfig, env: DistEnv, dataset: RecDataset | None = None) -> None:
         assert cfg.train.steps is not None
-        self._dataset = dataset or build_dataset(cfg.data.name, **cfg.data.options)
+        self._dataset = (dataset if dataset is not None
+                         else build_dataset(cfg.data.name, **cfg.data.options))
         self._cfg, self._env = cfg, env
         self._left, self._epoch = cfg.train.steps, -1
         self.current: Iterator[Any] = iter(())
@@ -365,9 +366,9 @@ def interleaved(pair: tuple[str, str], preset: str, steps: int, block: int,
     """
     if steps % block:
         raise ValueError(f"--steps {steps} is not a multiple of --interleave {block}")
-    if not 0 <= defer < _config(preset, pair[1], steps, overrides).train.log_every:
+    cfg = _config(preset, pair[0], steps, overrides)  # ours' differs only in sync.algorithm
+    if not 0 <= defer < cfg.train.log_every:
         raise ValueError(f"--defer {defer} must be at least 0 and under train.log_every")
-    cfg = _config(preset, pair[0], steps, overrides)
     ref_pipeline: TrainPipelineSparseDist | None
     if one_model:
         ref_pipeline, ref_batches = None, Epochs(cfg, env)
