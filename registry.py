@@ -1,4 +1,4 @@
-"""The one shape of every extension point (``sync.algorithm``, ``model.name``, ``data.name``):
+"""The one shape of every extension point (``sync.strategy.name``, ``model.name``, ``data.name``):
 a :class:`Registry` of names a config field may take.
 
 Imports nothing heavy, so a config is checked against the registries before torch loads; each
@@ -24,7 +24,7 @@ def import_path(path: str, key: str) -> Any:
 
 
 class Registry(Generic[T]):
-    """The values of the config field ``key`` (``sync.algorithm``), each naming a ``what``
+    """The values of the config field ``key`` (``sync.strategy.name``), each naming a ``what``
     (``algorithm``), in the order registered.
 
     With ``by_path``, a value ``"package.module:attr"`` that is not registered names a user's

@@ -66,12 +66,16 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
 
 def read_section(cls: type, raw: dict[str, Any], prefix: str) -> Any:
     """``raw`` as an instance of the dataclass ``cls``; errors name ``prefix.<key>`` (the top
-    level with ``prefix`` empty)."""
+    level with ``prefix`` empty). A key that ``cls.MOVED`` (a mapping, if the class has one)
+    lists fails naming where it went."""
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - names)
     if unknown:
         where = f"{prefix}." if prefix else ""
+        moved = getattr(cls, "MOVED", {})
+        if unknown[0] in moved:
+            raise ValueError(f"{where}{unknown[0]} has moved: use {moved[unknown[0]]}")
         raise ValueError(
             f"unknown setting {where}{unknown[0]}; known under {prefix or 'the top level'}: "
             f"{sorted(names)}"

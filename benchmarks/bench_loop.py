@@ -13,8 +13,8 @@ both are timed the same way: from the first batch pulled to the last step done.
 Arms, each pair compared run by run (adjacent runs, orders alternating over repeats, an
 untimed warm-up first)::
 
-    reference ddp   TorchRec's loop, DDP            <->  ours ddp   (sync.algorithm=ddp)
-    reference local TorchRec's loop, no DDP         <->  ours none  (sync.algorithm=none)
+    reference ddp   TorchRec's loop, DDP            <->  ours ddp   (sync.strategy.name=ddp)
+    reference local TorchRec's loop, no DDP         <->  ours none  (sync.strategy.name=none)
 
 Ours runs with the preset's logging and control settings (every feature on), evaluation and
 checkpoints off (the reference's timed loop has neither). Besides examples/s, each run reports
@@ -132,8 +132,9 @@ ABLATIONS: dict[str, list[str]] = {
 def _config(preset: str, arm: str, steps: int, overrides: list[str]) -> RunConfig:
     algorithm = "ddp" if arm.endswith("ddp") else "none"
     # as many epochs as steps: ``train.steps`` ends the run, over as many passes as it takes
-    return load_config(preset, [*overrides, f"sync.algorithm={algorithm}", f"train.steps={steps}",
-                                f"train.epochs={steps}", "eval.every_steps=null",
+    return load_config(preset, [*overrides, f"sync.strategy.name={algorithm}",
+                                f"train.steps={steps}", f"train.epochs={steps}",
+                                "eval.every_steps=null",
                                 "checkpoint.dir=null", "logging.progress_bar=false"])
 
 
@@ -243,7 +244,7 @@ def reference(cfg: RunConfig, env: DistEnv) -> tuple[TrainPipelineSparseDist, It
     """TorchRec's DLRM example set-up: its pipeline, in training mode, and its ``train.steps``
     batches."""
     dataset = build_dataset(cfg.data.name, **cfg.data.options)
-    wrapper = DefaultDataParallelWrapper() if cfg.sync.algorithm == "ddp" else LocalReplicas()
+    wrapper = DefaultDataParallelWrapper() if cfg.sync.strategy.name == "ddp" else LocalReplicas()
     dmp, _ = build_sharded_model(cfg, dataset.spec, env, wrapper)
     pipeline = TrainPipelineSparseDist(dmp, build_optimizer(cfg, dmp), env.device)
     dmp.train()
@@ -366,7 +367,7 @@ def interleaved(pair: tuple[str, str], preset: str, steps: int, block: int,
     """
     if steps % block:
         raise ValueError(f"--steps {steps} is not a multiple of --interleave {block}")
-    cfg = _config(preset, pair[0], steps, overrides)  # ours' differs only in sync.algorithm
+    cfg = _config(preset, pair[0], steps, overrides)  # ours' differs only in sync.strategy.name
     if not 0 <= defer < cfg.train.log_every:
         raise ValueError(f"--defer {defer} must be at least 0 and under train.log_every")
     ref_pipeline: TrainPipelineSparseDist | None

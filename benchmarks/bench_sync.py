@@ -9,7 +9,8 @@ pass of every arm, and NE/AUC are reported as mean and spread over seeds. Run on
     .venv/bin/torchrun --nproc_per_node 2 benchmarks/bench_sync.py --config synthetic
     .venv/bin/torchrun --nproc_per_node 2 benchmarks/bench_sync.py --config movielens_1m \\
         --steps 0 --repeats 2 --seeds 0 1 2 --json out.json \\
-        --arm "none: sync.algorithm=none" --arm "shadow ma: sync.algorithm=ma sync.mode=shadow"
+        --arm "none: sync.strategy.name=none" \\
+        --arm "shadow ma: sync.strategy.name=ma sync.schedule.mode=shadow"
 
 Prints a Markdown table on rank 0: examples/s and its ratio to ``none``, mean and max sync
 gap (training steps between applied syncs), syncs applied, seconds in communication, and the
@@ -27,9 +28,9 @@ turns and compares each turn with the ``none`` turns just before and after it (i
 seconds, and a ``none`` turn a cycle away carries more of that than one beside it::
 
     .venv/bin/torchrun --nproc_per_node 2 benchmarks/bench_sync.py --config synthetic \
-        --interleave 100 --repeats 8 --arm "none: sync.algorithm=none" \
-        --arm "FR k=10: sync.algorithm=ma sync.mode=fixed_rate sync.period=10" \
-        --arm "S: sync.algorithm=ma sync.mode=shadow"
+        --interleave 100 --repeats 8 --arm "none: sync.strategy.name=none" \
+        --arm "S: sync.strategy.name=ma sync.schedule.mode=shadow" \
+        --arm "FR k=10: sync.strategy.name=ma sync.schedule.mode=fixed_rate sync.schedule.period=10"
 """
 
 from __future__ import annotations
@@ -56,17 +57,18 @@ from shadowsync.datasets import build_dataset
 from shadowsync.pipelines.build import DistEnv, init_distributed
 from shadowsync.pipelines.config import load_config
 from shadowsync.pipelines.trainer import Trainer
-from shadowsync.sync.config import ALGORITHMS, SyncConfig
+from shadowsync.sync.config import SyncConfig
 from shadowsync.sync.runner import SyncRunner
 from shadowsync.sync.wrapper import LocalReplicas, ShadowSyncReplicas
 
 DEFAULT_ARMS = [
-    "none: sync.algorithm=none",
-    "ddp: sync.algorithm=ddp",
-    "fixed-rate ma k=10: sync.algorithm=ma sync.mode=fixed_rate sync.period=10",
-    "shadow ma: sync.algorithm=ma sync.mode=shadow",
-    "shadow easgd: sync.algorithm=easgd sync.mode=shadow",
-    "shadow bmuf: sync.algorithm=bmuf sync.mode=shadow",
+    "none: sync.strategy.name=none",
+    "ddp: sync.strategy.name=ddp",
+    "fixed-rate ma k=10: sync.strategy.name=ma sync.schedule.mode=fixed_rate "
+    "sync.schedule.period=10",
+    "shadow ma: sync.strategy.name=ma sync.schedule.mode=shadow",
+    "shadow easgd: sync.strategy.name=easgd sync.schedule.mode=shadow",
+    "shadow bmuf: sync.strategy.name=bmuf sync.schedule.mode=shadow",
 ]
 
 
@@ -185,14 +187,15 @@ class RotatingReplicas(LocalReplicas):
         for name, cfg in arms.items():
             if cfg is None:
                 continue
-            if not ALGORITHMS.get(cfg.algorithm).strategy:
-                raise ValueError(f"arm {name!r}: sync.algorithm={cfg.algorithm} is not a "
+            if not cfg.algorithm.strategy:
+                raise ValueError(f"arm {name!r}: sync.strategy.name={cfg.strategy.name} is not a "
                                  "ShadowSync strategy, so it cannot take turns on one model")
-            if cfg.mode == "fixed_rate" and block % cfg.period:
-                raise ValueError(f"arm {name!r}: sync.period={cfg.period} does not divide the "
-                                 f"turn of {block} steps")
-            if cfg.on_failure != "raise":
-                raise ValueError(f"arm {name!r}: taking turns needs sync.on_failure=raise")
+            period = cfg.schedule.period
+            if cfg.schedule.mode == "fixed_rate" and block % period:
+                raise ValueError(f"arm {name!r}: sync.schedule.period={period} does not divide "
+                                 f"the turn of {block} steps")
+            if cfg.failure.on_failure != "raise":
+                raise ValueError(f"arm {name!r}: taking turns needs sync.failure.on_failure=raise")
         self.arms = arms
         self.block = block
         self.bracket = bracket
@@ -323,20 +326,21 @@ def run_interleaved(
     ``none`` turns beside it (``baseline_examples_per_s``: their mean seconds)."""
     syncs: dict[str, SyncConfig | None] = {}
     for name, overrides in arms:
-        sync = load_config(preset, [*common, *overrides]).sync
-        if sync.algorithm != "none" and not ALGORITHMS.get(sync.algorithm).strategy:
-            raise SystemExit(f"arm {name!r}: sync.algorithm={sync.algorithm} cannot take turns "
+        arm = load_config(preset, [*common, *overrides]).sync
+        algorithm = arm.strategy.name
+        if algorithm != "none" and not arm.algorithm.strategy:
+            raise SystemExit(f"arm {name!r}: sync.strategy.name={algorithm} cannot take turns "
                              "(only ShadowSync strategies and none)")
-        syncs[name] = None if sync.algorithm == "none" else sync
+        syncs[name] = None if algorithm == "none" else arm
     if bracket and ("none" not in syncs or syncs["none"] is not None):
-        raise SystemExit("--bracket needs an arm named 'none' with sync.algorithm=none")
+        raise SystemExit("--bracket needs an arm named 'none' with sync.strategy.name=none")
     base = "none" if bracket else None
     per_cycle = len(turn_order(list(syncs), 0, base))
     steps = ((cycles + 1) * per_cycle + int(bracket)) * block  # bracket: a closing none turn
     rows = []
     for seed in seeds:
         # epochs: as many as the turns need (the step budget ends the run)
-        cfg = load_config(preset, [*common, f"train.seed={seed}", "sync.algorithm=none",
+        cfg = load_config(preset, [*common, f"train.seed={seed}", "sync.strategy.name=none",
                                    f"train.steps={steps}", f"train.log_every={steps + 1}",
                                    f"train.epochs={steps}"])
         wrapper = RotatingReplicas(syncs, block, base, trace)

@@ -81,7 +81,7 @@ def fit_allreduce(points: list[tuple[int, float]]) -> dict[str, Any]:
 
 def bench(preset: str, nproc: int, steps: int) -> list[dict[str, Any]]:
     """One ``bench_sync.py`` run under torchrun; its JSON rows (warm-up arm dropped)."""
-    arms = ["warmup: sync.algorithm=none",
+    arms = ["warmup: sync.strategy.name=none",
             *(f"{a.name}: {a.overrides}" for a in scaling_model.arms())]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rows.json"
@@ -105,7 +105,7 @@ def round_local_s(preset: str, dense_bytes: int, reps: int = 300) -> dict[str, f
     live = torch.randn(dense_bytes // 4)
     out = {}
     for name in scaling_model.STRATEGIES:
-        strategy = make_strategy(load_config(preset, [f"sync.algorithm={name}"]).sync)
+        strategy = make_strategy(load_config(preset, [f"sync.strategy.name={name}"]).sync)
         strategy.init(live.clone(), world_size=2)
         snapshot, comm = torch.empty_like(live), torch.empty(live.numel() + 2)
         times = []

@@ -14,9 +14,10 @@ up link (host to switch) on the host's ``veth0``, the down link (switch to host)
 port. ``--shared-rate`` adds one bucket that every packet entering the switch goes through (an
 ``ifb`` device in the switch namespace), the way hosts behind one oversubscribed uplink share it.
 ``--sync-class low`` gives every host a second address, ``198.18.1.<i+1>`` on the alias
-``veth0:sync`` (a job sends its synchronizer's traffic from it with ``sync.socket_ifname``), and
-links that serve that address's packets only when training's have none queued (``tc htb``, two
-classes per link), as a datacenter network does for traffic marked with a lower DSCP class.
+``veth0:sync`` (a job sends its synchronizer's traffic from it with
+``sync.transport.socket_ifname``), and links that serve that address's packets only when
+training's have none queued (``tc htb``, two classes per link), as a datacenter network does for
+traffic marked with a lower DSCP class.
 Addresses come from 198.18.0.0/15 (set aside for benchmarks); nothing is attached to the root
 namespace, there is no default route, and every cluster's namespaces are its own, so clusters
 with different names coexist. Needs root.
@@ -763,7 +764,7 @@ def _cluster_args(parser: argparse.ArgumentParser) -> None:
                              "(an oversubscribed uplink; default: none)")
     parser.add_argument("--sync-class", choices=("same", "low"), default="same",
                         help=f"low: a second address per host on {SYNC_IF}, whose traffic "
-                             "every link serves after the rest (pass sync.socket_ifname="
+                             "every link serves after the rest (pass sync.transport.socket_ifname="
                              f"{SYNC_IF} to the job); same: one FIFO per link (default)")
 
 

@@ -63,7 +63,7 @@ from cluster import (  # noqa: E402
     parse_rate,
 )
 from rows import STEP_KINDS, baseline, first_per_seed, footprint, mean_of, stdev_of  # noqa: E402
-from scaling_model import arm_overrides  # noqa: E402
+from scaling_model import arm_overrides, override_dict  # noqa: E402
 
 from shadowsync.pipelines.records import current_keys  # noqa: E402
 
@@ -75,27 +75,28 @@ FR_PERIODS = (1, 2, 5, 10, 20, 50)
 # priority, then lowered by 10 and 19 nice levels ("n10", "n19": rounds use the CPU time
 # training leaves, so they take longer and cost less), and the accepted-slowdown pacer at 5%
 # with the thread at nice 10.
-SHADOW = ("b2b s1: sync.max_slowdown=null sync.max_staleness=1",
-          "b2b: sync.max_slowdown=null",
-          "b2b n10: sync.max_slowdown=null sync.thread_nice=10",
-          "b2b n19: sync.max_slowdown=null sync.thread_nice=19",
-          "5% n10: sync.max_slowdown=0.05 sync.thread_nice=10")
+SHADOW = ("b2b s1: sync.schedule.max_slowdown=null sync.schedule.max_staleness=1",
+          "b2b: sync.schedule.max_slowdown=null",
+          "b2b n10: sync.schedule.max_slowdown=null sync.transport.thread_nice=10",
+          "b2b n19: sync.schedule.max_slowdown=null sync.transport.thread_nice=19",
+          "5% n10: sync.schedule.max_slowdown=0.05 sync.transport.thread_nice=10")
 # With --sync-class same (one FIFO per link) every shadow arm sends its round in chunks of
-# CHUNK_MS of link time (sync.chunk_mb from the link's rate): a whole-buffer burst would queue
-# each embedding all-to-all behind it (measured at 200 Mbit/s, back to back: 0.48 of none's
-# examples/s unchunked, 0.67 in 64 KB chunks), while much smaller chunks pay a collective's
-# fixed cost too often on a fast link. In the low class training's packets go first anyway, so
-# rounds go whole; unlimited links get no chunks either.
+# CHUNK_MS of link time (sync.transport.chunk_mb from the link's rate): a whole-buffer burst
+# would queue each embedding all-to-all behind it (measured at 200 Mbit/s, back to back: 0.48
+# of none's examples/s unchunked, 0.67 in 64 KB chunks), while much smaller chunks pay a
+# collective's fixed cost too often on a fast link. In the low class training's packets go first
+# anyway, so rounds go whole; unlimited links get no chunks either.
 CHUNK_MS = 2.5
 SHADOW_COMMON = ""
 
 
 def chunk_override(link: str, chunk_ms: float) -> str:
-    """``sync.chunk_mb=...`` worth ``chunk_ms`` of ``link``'s rate ('' if unlimited or 0)."""
+    """``sync.transport.chunk_mb=...`` worth ``chunk_ms`` of ``link``'s rate ('' if unlimited
+    or 0)."""
     bits = parse_rate(link)
     if bits is None or chunk_ms <= 0:
         return ""
-    return f"sync.chunk_mb={bits / 8 * chunk_ms / 1e3 / 2**20:.4g}"
+    return f"sync.transport.chunk_mb={bits / 8 * chunk_ms / 1e3 / 2**20:.4g}"
 
 
 WIRE_TAGS = {"float32": "", "bfloat16": " bf16", "float16": " fp16"}
@@ -112,17 +113,17 @@ def default_arms(algorithm: str, periods: Sequence[int], shadow: Sequence[str],
     shadow of one wire dtype send the same bytes a round); ``sync_common`` goes to every FR and
     shadow arm. ``aa`` adds :data:`AA_ARM` last, so that the rotation puts it elsewhere than
     ``none``."""
-    arms = ["none: sync.algorithm=none", *(["ddp: sync.algorithm=ddp"] if ddp else [])]
+    arms = ["none: sync.strategy.name=none", *(["ddp: sync.strategy.name=ddp"] if ddp else [])]
     for wire in wires:
-        tag, opt = WIRE_TAGS[wire], f" sync.wire_dtype={wire}" + (f" {sync_common}"
-                                                                   if sync_common else "")
-        arms += [f"FR k={k}{tag}: sync.algorithm={algorithm} sync.mode=fixed_rate "
-                 f"sync.period={k}{opt}" for k in periods]
+        tag = WIRE_TAGS[wire]
+        opt = f" sync.transport.wire_dtype={wire}" + (f" {sync_common}" if sync_common else "")
+        arms += [f"FR k={k}{tag}: sync.strategy.name={algorithm} sync.schedule.mode=fixed_rate "
+                 f"sync.schedule.period={k}{opt}" for k in periods]
         for spec in shadow:
             label, _, overrides = spec.partition(":")
-            arms.append(f"S {label.strip()}{tag}: sync.algorithm={algorithm} sync.mode=shadow "
-                        f"{overrides.strip()} {shadow_common}{opt}")
-    return arms + ([f"{AA_ARM}: sync.algorithm=none"] if aa else [])
+            arms.append(f"S {label.strip()}{tag}: sync.strategy.name={algorithm} "
+                        f"sync.schedule.mode=shadow {overrides.strip()} {shadow_common}{opt}")
+    return arms + ([f"{AA_ARM}: sync.strategy.name=none"] if aa else [])
 
 
 def wire_tag(arm: str) -> str:
@@ -150,7 +151,7 @@ def run_job(out: Path, hosts: int, link: str, args: argparse.Namespace, command:
             *[f"--arm={a}" for a in default_arms(
                 args.algorithm, args.periods, args.shadow, args.wires,
                 f"{chunk_override(link, args.chunk_ms)} {args.shadow_common}".strip(),
-                f"sync.socket_ifname={SYNC_IF}" if args.sync_class == "low" else "",
+                f"sync.transport.socket_ifname={SYNC_IF}" if args.sync_class == "low" else "",
                 aa=args.aa, ddp=not args.interleave)],
             *args.overrides]
     arms = [a.removeprefix("--arm=") for a in argv if a.startswith("--arm=")]
@@ -247,14 +248,15 @@ def dominance(arms: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def slowdown_budgets(arms: Mapping[str, str]) -> dict[str, float]:
-    """Each arm's ``sync.max_slowdown`` from its overrides as the job's ``.cmd`` records them
-    (:func:`scaling_model.arm_overrides`; the last one given wins, as in the config); arms
-    without one are left out."""
+    """Each arm's ``sync.schedule.max_slowdown`` from its overrides as the job's ``.cmd``
+    records them (:func:`scaling_model.arm_overrides`; the last one given wins, as in the
+    config, and the flat ``sync.max_slowdown`` of earlier records counts as well:
+    :func:`scaling_model.override_dict`); arms without one are left out."""
     budgets = {}
     for name, overrides in arms.items():
-        given = dict(o.split("=", 1) for o in shlex.split(overrides) if "=" in o)
-        if given.get("sync.max_slowdown", "null") != "null":
-            budgets[name] = float(given["sync.max_slowdown"])
+        given = override_dict(shlex.split(overrides))
+        if given.get("sync.schedule.max_slowdown", "null") != "null":
+            budgets[name] = float(given["sync.schedule.max_slowdown"])
     return budgets
 
 
@@ -499,9 +501,9 @@ def report(out: Path, links: Sequence[str]) -> str:
             "Links tagged `-qos` carry the FR and shadow arms' sync traffic in a low traffic "
             "class (`--sync-class low`: each link serves it after training's packets); the "
             "others are one FIFO per link, where shadow rounds go in chunks. `n10`/`n19`: the "
-            "shadow thread at `sync.thread_nice` 10/19; `s<K>`: `sync.max_staleness=K` (each round "
-            "awaited K steps after its snapshot). Each job's command (its batch size among its "
-            "overrides) and every arm's "
+            "shadow thread at `sync.transport.thread_nice` 10/19; `s<K>`: "
+            "`sync.schedule.max_staleness=K` (each round awaited K steps after its snapshot). "
+            "Each job's command (its batch size among its overrides) and every arm's "
             "overrides are under it; \"in every repeat\" compares runs of the same repeat, "
             "minutes apart in one job.\n\n" + budget_line(goals, aas) + "\n".join(sections))
     (out / "report.md").write_text(text)
@@ -517,7 +519,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--algorithm", default="ma", choices=["ma", "easgd", "bmuf"])
     parser.add_argument("--periods", type=int, nargs="+", default=list(FR_PERIODS))
     parser.add_argument("--shadow", nargs="+", default=list(SHADOW),
-                        help="shadow arms as 'label: overrides'")
+                        help="shadow arms as 'label: overrides', e.g. 'b2b n10: "
+                             "sync.schedule.max_slowdown=null sync.transport.thread_nice=10'")
     parser.add_argument("--shadow-common", default=SHADOW_COMMON,
                         help="overrides every shadow arm gets")
     parser.add_argument("--chunk-ms", type=float, default=None,

@@ -26,8 +26,8 @@ Both write ``report.md`` (tables; goals or verdicts), ``quality_vs_throughput.pn
 ``runs.json`` (every run) into ``--out``; ``user_split`` also ``ne_over_training.png``. Arms:
 ``none``; ``ddp``; fixed-rate MA, EASGD and BMUF every 1, 10 and 100 steps; shadow MA, EASGD and
 BMUF (``iid``: paced to a round every 0.1 s at most and back to back; ``user_split``: paced by
-``sync.max_slowdown=0.05``, the presets' setting); and PyTorch's ``PeriodicModelAverager`` every
-10 steps as an outside reference.
+``sync.schedule.max_slowdown=0.05``, the presets' setting); and PyTorch's
+``PeriodicModelAverager`` every 10 steps as an outside reference.
 """
 
 from __future__ import annotations
@@ -55,32 +55,35 @@ from shadowsync.pipelines.build import DistEnv, init_distributed
 from shadowsync.pipelines.config import load_config
 from shadowsync.pipelines.records import current_keys
 from shadowsync.pipelines.trainer import Trainer
+from shadowsync.sync.config import BMUFConfig, EASGDConfig
 
 PERIODS = (1, 10, 100)
 ARMS = [
-    "none: sync.algorithm=none",
-    "ddp: sync.algorithm=ddp",
-    *[f"FR-{a.upper()} k={k}: sync.algorithm={a} sync.mode=fixed_rate sync.period={k}"
-      for a in ("ma", "easgd", "bmuf") for k in PERIODS],
-    *[f"S-{a.upper()}: sync.algorithm={a} sync.mode=shadow sync.min_interval_s=0.1"
-      for a in ("ma", "easgd", "bmuf")],
-    *[f"S-{a.upper()} back to back: sync.algorithm={a} sync.mode=shadow sync.min_interval_s=0"
-      for a in ("ma", "easgd", "bmuf")],
-    "torch PeriodicModelAverager k=10: sync.algorithm=torch_averager sync.period=10",
+    "none: sync.strategy.name=none",
+    "ddp: sync.strategy.name=ddp",
+    *[f"FR-{a.upper()} k={k}: sync.strategy.name={a} sync.schedule.mode=fixed_rate "
+      f"sync.schedule.period={k}" for a in ("ma", "easgd", "bmuf") for k in PERIODS],
+    *[f"S-{a.upper()}: sync.strategy.name={a} sync.schedule.mode=shadow "
+      "sync.schedule.min_interval_s=0.1" for a in ("ma", "easgd", "bmuf")],
+    *[f"S-{a.upper()} back to back: sync.strategy.name={a} sync.schedule.mode=shadow "
+      "sync.schedule.min_interval_s=0" for a in ("ma", "easgd", "bmuf")],
+    "torch PeriodicModelAverager k=10: sync.strategy.name=torch_averager sync.schedule.period=10",
 ]
 # EASGD's center moves by alpha times the sum of the W replicas' offsets, so W * alpha must stay
 # below 1 (Zhang et al.'s beta); the default 0.5 is that bound at 2 ranks and diverges at 4.
-EASGD_ALPHA = " sync.alpha=0.2"
+EASGD_ALPHA = " sync.strategy.alpha=0.2"
 USER_SPLIT_ARMS = [
-    "none: sync.algorithm=none",
-    "ddp: sync.algorithm=ddp",
-    "none, IID split: sync.algorithm=none data.options.rank_split=window",
-    "ddp, IID split: sync.algorithm=ddp data.options.rank_split=window",
-    *[f"FR-{a.upper()} k={k}: sync.algorithm={a} sync.mode=fixed_rate sync.period={k}"
-      f"{EASGD_ALPHA if a == 'easgd' else ''}" for a in ("ma", "easgd", "bmuf") for k in PERIODS],
-    *[f"S-{a.upper()}: sync.algorithm={a} sync.mode=shadow sync.max_slowdown=0.05"
-      f"{EASGD_ALPHA if a == 'easgd' else ''}" for a in ("ma", "easgd", "bmuf")],
-    "torch PeriodicModelAverager k=10: sync.algorithm=torch_averager sync.period=10",
+    "none: sync.strategy.name=none",
+    "ddp: sync.strategy.name=ddp",
+    "none, IID split: sync.strategy.name=none data.options.rank_split=window",
+    "ddp, IID split: sync.strategy.name=ddp data.options.rank_split=window",
+    *[f"FR-{a.upper()} k={k}: sync.strategy.name={a} sync.schedule.mode=fixed_rate "
+      f"sync.schedule.period={k}{EASGD_ALPHA if a == 'easgd' else ''}"
+      for a in ("ma", "easgd", "bmuf") for k in PERIODS],
+    *[f"S-{a.upper()}: sync.strategy.name={a} sync.schedule.mode=shadow "
+      f"sync.schedule.max_slowdown=0.05{EASGD_ALPHA if a == 'easgd' else ''}"
+      for a in ("ma", "easgd", "bmuf")],
+    "torch PeriodicModelAverager k=10: sync.strategy.name=torch_averager sync.schedule.period=10",
 ]
 QUICK_ARMS = ["none", "ddp", "FR-MA k=10", "S-MA", "S-EASGD", "S-BMUF",
               "torch PeriodicModelAverager k=10"]
@@ -124,10 +127,10 @@ rows beyond the smallest rank's share (the hash's imbalance: 2.6% at batch 512).
 split` and `ddp, IID split` are the same 4 ranks with the IID split: the control that shows
 the split, not the rank count, is what makes synchronization matter.
 
-EASGD runs with `sync.alpha=0.2`: its center moves by alpha times the sum of the 4 replicas'
-offsets, so the default 0.5 (alpha times world = 1 at 2 ranks) overshoots at 4; in a trial run
-with 0.5, S-EASGD's dense gradients went non-finite at step 76. BMUF keeps its default block
-momentum, 1 - 1/world = 0.75.
+EASGD runs with `sync.strategy.alpha=0.2`: its center moves by alpha times the sum of the 4
+replicas' offsets, so the default 0.5 (alpha times world = 1 at 2 ranks) overshoots at 4; in a
+trial run with 0.5, S-EASGD's dense gradients went non-finite at step 76. BMUF keeps its default
+block momentum, 1 - 1/world = 0.75.
 """
 
 
@@ -356,14 +359,15 @@ def hyper_parameters(config: str, overrides: list[str], world: int,
     """What each S-* arm's strategy ran with, as the report states it."""
     out = {"MA": "no hyper-parameter"}
     for name, arm in arms:
-        sync = load_config(config, [*overrides, *arm]).sync
-        if name.startswith("S-EASGD"):
-            out["EASGD"] = f"alpha {sync.alpha}"
-        elif name.startswith("S-BMUF"):
-            momentum = sync.block_momentum if sync.block_momentum is not None else 1 - 1 / world
+        strategy = load_config(config, [*overrides, *arm]).sync.strategy
+        if name.startswith("S-EASGD") and isinstance(strategy, EASGDConfig):
+            out["EASGD"] = f"alpha {strategy.alpha}"
+        elif name.startswith("S-BMUF") and isinstance(strategy, BMUFConfig):
+            block_momentum = strategy.block_momentum
+            momentum = block_momentum if block_momentum is not None else 1 - 1 / world
             out["BMUF"] = (f"block momentum {momentum:.2f}"
-                           f"{' = 1 - 1/world' if sync.block_momentum is None else ''}, "
-                           f"block lr {sync.block_lr}")
+                           f"{' = 1 - 1/world' if block_momentum is None else ''}, "
+                           f"block lr {strategy.block_lr}")
     return out
 
 

@@ -54,11 +54,12 @@ import math
 import re
 import shlex
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from shadowsync.pipelines.records import current_keys
+from shadowsync.sync.config import MOVED
 
 TRAINERS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000)
 STRATEGIES = ("ma", "easgd", "bmuf")
@@ -88,10 +89,10 @@ class Arm:
     def overrides(self) -> str:
         """The config overrides that run this arm (``bench_sync.py --arm``)."""
         if self.kind in ("none", "ddp"):
-            return f"sync.algorithm={self.kind}"
-        mode = f"sync.mode={self.kind}"
-        period = f" sync.period={self.period}" if self.kind == "fixed_rate" else ""
-        return f"sync.algorithm={self.strategy} {mode}{period}"
+            return f"sync.strategy.name={self.kind}"
+        mode = f"sync.schedule.mode={self.kind}"
+        period = f" sync.schedule.period={self.period}" if self.kind == "fixed_rate" else ""
+        return f"sync.strategy.name={self.strategy} {mode}{period}"
 
 
 def arms(period: int = DEFAULT_PERIOD) -> list[Arm]:
@@ -436,8 +437,8 @@ from each job's ``none`` arm and its link, with constants fitted on the 2-host j
               Q  = min(L, (Sk/N) / B) if B < Bc, else 0  the wait behind one ring chunk in a
                                                          link's FIFO queue (tbf), where the
                                                          link and not the CPU is the limit;
-                                                         Sk = min(S, sync.chunk_mb), n_k =
-                                                         ceil(S / Sk) collectives a round
+                                                         Sk = min(S, sync.transport.chunk_mb),
+                                                         n_k = ceil(S / Sk) collectives a round
     fitted    on the 2-host jobs; CPU work in compute steps Tc, since every host shares the
               same cores and such work stretches with N as Tc does:
               rho    one round's CPU work r = rho Tc     FR arms' ratios
@@ -446,8 +447,8 @@ from each job's ``none`` arm and its link, with constants fitted on the 2-host j
                      for the cores, lam Tc
               phi    CPU work of one collective, phi Tc  (same)
               lam_n  lam of a niced thread               niced arms' allreduce times
-                     (sync.thread_nice > 0: it yields
-                     the cores to training)
+                     (sync.transport.thread_nice > 0:
+                     it yields the cores to training)
               mu_n   the rest of a niced round's wait    niced back-to-back arms' gaps
                      for the cores, mu_n Tc
               kappa  share of a background round's CPU   shadow arms' ratios and gaps
@@ -463,7 +464,7 @@ from each job's ``none`` arm and its link, with constants fitted on the 2-host j
                                                          and waits for the cores (lam_n for a
                                                          niced thread)
               Q  = 0 with the sync traffic in the low    training's packets go first (htb
-                   class (sync.socket_ifname)            priority): none queue behind a round
+                   class (sync.transport.socket_ifname)  priority): none queue behind a round
               R  = r + Ab / share (+ mu_n Tc if niced)   a round's duration (max_comm_share
                                                          pauses between chunks)
               back to back: T = T0 + kappa (r + Ac + phi n_k Tc) / g + q Q min(1, Ab / (g T)),
@@ -501,7 +502,7 @@ TESTBED_PROBE_HOSTS = 2
 TESTBED_TBF_LATENCY_S = 0.1
 TESTBED_FAMILIES = ("ddp", "FR", "shadow")
 TESTBED_SCHEDULES = ("runs", "turns")  # separate runs per arm; --interleave turns on one model
-PACER_FIRST_QUIET_STEPS = 3  # SlowdownPacer.quiet_seconds before any quiet step is measured
+PACER_FIRST_QUIET_STEPS = 3  # SlowdownPacer.pause_steps before any quiet step is measured
 QUEUED_MAX = 4.0  # search bound of q: a step has a handful of exchanges, not more
 _LINK_RATE = re.compile(r"^(\d+(?:\.\d+)?)(kbit|mbit|gbit)$")
 _LINK_UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
@@ -563,7 +564,7 @@ class TestbedArm:
     max_comm_share: float = 1.0  # shadow: the share of a round's time it may hold the link
     chunk_bytes: float | None = None  # a round's allreduce in collectives of this size
     wire_factor: float = 1.0  # bytes on the wire per float32 byte (0.5 for bf16, fp16)
-    thread_nice: int = 0  # shadow: sync.thread_nice, the thread's nice above training's
+    thread_nice: int = 0  # shadow: sync.transport.thread_nice, the thread's nice above training's
     max_staleness: int | None = None  # shadow: the step that waits for a round (K)
     low_class: bool = False  # FR and shadow: sync traffic in the links' low class
 
@@ -584,8 +585,9 @@ def parse_testbed_arm(name: str, overrides: str | None = None,
     """The arm a frontier arm name stands for: ``none``, ``ddp``, ``FR k=<k>``, ``S back to
     back`` (or ``S b2b``), ``S <p>%`` (accepted slowdown), ``S link <p>%`` (max_comm_share);
     a shadow name may add `` s<K>`` (max_staleness) and `` n<N>`` (thread_nice), and any
-    name a wire-dtype tag (`` bf16``). ``overrides`` (as the job's ``.cmd`` records them)
-    take precedence over the name, and a ``sync.socket_ifname`` among them puts the sync
+    name a wire-dtype tag (`` bf16``). ``overrides`` (as the job's ``.cmd`` records them, the
+    flat ``sync.*`` keys of earlier records read as today's: :func:`override_dict`) take
+    precedence over the name, and a ``sync.transport.socket_ifname`` among them puts the sync
     traffic in the low class (frontier's ``--sync-class low``); without them a shadow arm gets
     ``chunk_bytes``. ValueError for anything else, so an arm the model does not know is never
     silently mispredicted."""
@@ -611,28 +613,28 @@ def parse_testbed_arm(name: str, overrides: str | None = None,
                          "back, S b2b, S <p>%, S link <p>%, shadow ones with s<K>, n<N>)")
     if overrides is None:
         return arm
-    given = dict(item.split("=", 1) for item in overrides.split() if "=" in item)
+    given = override_dict(overrides.split())
 
     def number(key: str) -> float | None:
         value = given.get(key)
         return None if value is None or value == "null" else float(value)
 
-    period = number("sync.period")
-    chunk_mb = number("sync.chunk_mb")
-    nice = number("sync.thread_nice")
-    staleness = number("sync.max_staleness")
+    period = number("sync.schedule.period")
+    chunk_mb = number("sync.transport.chunk_mb")
+    nice = number("sync.transport.thread_nice")
+    staleness = number("sync.schedule.max_staleness")
     return dataclasses.replace(
         arm, period=int(period) if period is not None else arm.period,
-        max_slowdown=number("sync.max_slowdown") if "sync.max_slowdown" in given
+        max_slowdown=number("sync.schedule.max_slowdown") if "sync.schedule.max_slowdown" in given
         else arm.max_slowdown,
-        max_comm_share=number("sync.max_comm_share") or arm.max_comm_share,
+        max_comm_share=number("sync.schedule.max_comm_share") or arm.max_comm_share,
         chunk_bytes=chunk_mb * 2**20 if chunk_mb is not None else None,
-        wire_factor=_WIRE_FACTOR[given["sync.wire_dtype"]] if "sync.wire_dtype" in given
-        else arm.wire_factor,
+        wire_factor=_WIRE_FACTOR[given["sync.transport.wire_dtype"]]
+        if "sync.transport.wire_dtype" in given else arm.wire_factor,
         thread_nice=int(nice) if nice is not None else arm.thread_nice,
         max_staleness=(None if staleness is None else int(staleness))
-        if "sync.max_staleness" in given else arm.max_staleness,
-        low_class=given.get("sync.socket_ifname", "null") not in ("", "null"))
+        if "sync.schedule.max_staleness" in given else arm.max_staleness,
+        low_class=given.get("sync.transport.socket_ifname", "null") not in ("", "null"))
 
 
 def _nanmean(values: Sequence[float]) -> float:
@@ -823,7 +825,7 @@ class TestbedConstants:
     stretch: float = 0.0  # lam
     queued: float = 0.0  # q
     per_chunk: float = 0.0  # phi
-    stretch_niced: float = 0.0  # lam_n: lam for a thread with sync.thread_nice > 0
+    stretch_niced: float = 0.0  # lam_n: lam for a thread with sync.transport.thread_nice > 0
     wait_niced: float = 0.0  # mu_n: a niced round's wait for the cores outside its allreduce
     kappa_niced: float = 0.0  # kappa_n: kappa for a niced thread
 
@@ -971,6 +973,23 @@ def load_arm_overrides(directory: Path) -> dict[tuple[int, str], dict[str, str]]
         if arms := arm_overrides(path.read_text().splitlines()):
             out[int(hosts[1:]), link] = arms
     return out
+
+
+def current_override_key(key: str) -> str:
+    """A recorded override's key as today's config names it: a flat ``sync.<key>`` of earlier
+    versions (``shadowsync.sync.config.MOVED``) becomes ``sync.<section>.<key>``
+    (``sync.thread_nice`` -> ``sync.transport.thread_nice``); any other key is returned as is.
+    Results recorded before the ``sync`` section was split keep being read."""
+    section, _, leaf = key.partition(".")
+    return f"sync.{MOVED[leaf]}" if section == "sync" and leaf in MOVED else key
+
+
+def override_dict(items: Iterable[str]) -> dict[str, str]:
+    """``key=value`` items (as a job's ``.cmd`` records an arm's overrides) as a mapping with
+    today's keys (:func:`current_override_key`); the last one given wins, as in the config, and
+    items without ``=`` are skipped."""
+    return {current_override_key(key): value
+            for key, _, value in (item.partition("=") for item in items if "=" in item)}
 
 
 def arm_overrides(lines: Sequence[str]) -> dict[str, str]:
@@ -1308,7 +1327,7 @@ def testbed_report(jobs: Mapping[tuple[int, str], Sequence[Mapping[str, Any]]],
         "shadow arms' allreduce times |",
         f"| phi, the same per collective of a chunked round, compute steps | {k.per_chunk:.4f} "
         "| shadow arms' allreduce times |",
-        f"| lam_n, the same for a niced thread (sync.thread_nice > 0), compute steps | "
+        f"| lam_n, the same for a niced thread (sync.transport.thread_nice > 0), compute steps | "
         f"{k.stretch_niced:.3f} | niced shadow arms' allreduce times |",
         f"| mu_n, a niced round's other wait for the cores, compute steps | "
         f"{k.wait_niced:.3f} | niced back-to-back arms' gaps |",
@@ -1410,9 +1429,9 @@ def main() -> int:
     testbed.add_argument("--testbed", type=Path, metavar="DIR",
                          help="frontier.py's --out directory (its raw/h<N>_<link>.json)")
     testbed.add_argument("--chunk-mb", nargs="+", metavar="[JOB=]MIB",
-                         help="shadow arms' sync.chunk_mb for jobs whose .cmd does not list "
-                              "their arms' overrides: h2_200mbit=0.0625 for one job, a bare "
-                              "number for the others")
+                         help="shadow arms' sync.transport.chunk_mb for jobs whose .cmd does "
+                              "not list their arms' overrides: h2_200mbit=0.0625 for one job, "
+                              "a bare number for the others")
     testbed.add_argument("--fit-hosts", type=int, default=2,
                          help="fit the constants on these jobs; the others are out of sample")
     testbed.add_argument("--link-efficiency", type=float, default=TESTBED_LINK_EFFICIENCY,

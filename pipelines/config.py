@@ -4,7 +4,7 @@ Every setting lives in one dataclass tree, so an unknown key or a wrong type fai
 process group starts, with the dotted name of the offending setting::
 
     python -m shadowsync.pipelines.train --config pipelines/configs/synthetic.yaml \\
-        sync.algorithm=ma sync.mode=shadow train.batch_size=4096
+        sync.strategy.name=ma sync.schedule.mode=shadow train.batch_size=4096
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import yaml
 
 from shadowsync.models.config import DLRMConfig, ModelConfig
 from shadowsync.sections import read_section
-from shadowsync.sync.config import SyncConfig, strategy_algorithms
+from shadowsync.sync.config import SyncConfig, migrate, strategy_algorithms
 
 ShardingType = Literal["table_wise", "column_wise", "table_column_wise", "data_parallel",
                        "row_wise", "table_row_wise", "grid_shard"]
@@ -286,13 +286,16 @@ def _warn_ignored(cfg: RunConfig, keys: list[str]) -> None:
     if os.environ.get("RANK", "0") != "0":
         return
     ignored, default = cfg.sync.ignored(), SyncConfig()
-    chosen = f"sync.algorithm={cfg.sync.algorithm}"
-    if cfg.sync.algorithm in strategy_algorithms():
-        chosen += f" sync.mode={cfg.sync.mode}"
+    chosen = f"sync.strategy.name={cfg.sync.strategy.name}"
+    if cfg.sync.strategy.name in strategy_algorithms():
+        chosen += f" sync.schedule.mode={cfg.sync.schedule.mode}"
     for key in keys:
-        section, _, name = key.partition(".")
-        value = getattr(cfg.sync, name, None)
-        if section == "sync" and name in ignored and value != getattr(default, name):
+        top, _, name = key.partition(".")
+        part, _, leaf = name.partition(".")
+        if top != "sync" or name not in ignored:
+            continue
+        value = getattr(getattr(cfg.sync, part), leaf)
+        if value != getattr(getattr(default, part), leaf):
             logger.warning("%s=%s does nothing with %s; it acts with %s", key, value, chosen,
                            ignored[name])
 
@@ -342,4 +345,6 @@ def config_from_text(text: str, where: str, overrides: list[str] | None = None) 
     tree = _parse_yaml(text, where)
     if not isinstance(tree, dict):
         raise ValueError(f"{where}: the top level must be a mapping")
+    if isinstance(tree.get("sync"), dict):  # stored by an earlier version: flat sync keys
+        tree["sync"] = migrate(tree["sync"])
     return _config_from_tree(tree, overrides)

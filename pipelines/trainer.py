@@ -468,11 +468,16 @@ class Trainer:
         whose own loss or dense gradients had gone non-finite, that is what this rank reports,
         with the error as its cause. Likewise a failure of this rank's own synchronizer is
         reported rather than what it caused (a training collective broken when the peers that
-        learned of it left).
+        learned of it left). Whatever ends training early, the synchronizer is abandoned first
+        (no collective), so its thread does not outlive training.
         """
         try:
-            with self.collector:
-                return self._train()
+            try:
+                with self.collector:
+                    return self._train()
+            except BaseException:
+                self.wrapper.abandon()
+                raise
         except faults.NonFiniteValue:
             raise
         except Exception as e:

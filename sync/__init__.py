@@ -4,6 +4,21 @@ Stands alone: it needs PyTorch and ``torch.distributed``, never the pipeline, an
 for the ``DistributedModelParallel`` wrappers in :mod:`.wrapper`. The settings and the
 algorithm registry (:mod:`.config`) import without torch; the rest loads on first use.
 
+========================  ===============================================================
+module                    what
+========================  ===============================================================
+:mod:`.config`            the ``sync.*`` settings, their ranges, the strategy registry
+:mod:`.strategies`        MA, EASGD, BMUF: pure tensor math, snapshot -> delta
+:mod:`.protocol`          a round's buffer layout, control slots and chunked allreduce
+:mod:`.pacing`            the pacers and the agreed pause in steps
+:mod:`.handoff`           the training thread / sync thread meeting point
+:mod:`.lifecycle`         a runner's states and the calls each allows
+:mod:`.telemetry`         counters and :class:`SyncStats`
+:mod:`.clock`             the injected clock (:class:`ManualClock` for tests)
+:mod:`.runner`            the shadow and fixed-rate runners
+:mod:`.wrapper`           the seam to TorchRec's ``DistributedModelParallel``
+========================  ===============================================================
+
 Example (plain PyTorch, every rank)::
 
     from shadowsync.sync import ModelAveraging, ShadowSyncRunner, broadcast_, new_sync_group
@@ -23,6 +38,7 @@ from typing import Any
 from shadowsync.sync.config import ALGORITHMS, Algorithm, SyncConfig
 
 _LAZY = {
+    "ManualClock": "clock",
     "FixedRateSyncRunner": "runner",
     "ShadowSyncRunner": "runner",
     "SyncError": "runner",

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from shadowsync.sync.config import SyncConfig, check
+from shadowsync.sync.config import BMUFConfig, EASGDConfig, check
 
 __all__ = [
     "WIRE_DTYPES",
@@ -74,9 +74,14 @@ class SyncStrategy(abc.ABC):
         self.rounds = 0
 
     @classmethod
-    def from_config(cls, cfg: SyncConfig) -> SyncStrategy:
-        """The strategy with the settings ``cfg`` gives it (``sync.*`` in a run's config)."""
-        return cls(wire_dtype=getattr(torch, cfg.wire_dtype))
+    def from_config(cls, options: Any, wire_dtype: torch.dtype | None) -> SyncStrategy:
+        """The strategy with ``sync.strategy``'s options and ``sync.transport.wire_dtype``.
+
+        A strategy of one's own with options annotates ``options`` with a dataclass of them:
+        ``sync.strategy.options`` is read into it and checked (see
+        :class:`~.config.CustomStrategyConfig`)."""
+        del options
+        return cls(wire_dtype=wire_dtype)
 
     def init(self, params: Tensor, world_size: int) -> None:
         """Bind the strategy to the flat parameters of an already-identical set of replicas.
@@ -254,8 +259,8 @@ class ElasticAveraging(SyncStrategy):
         self.center = torch.empty(0)
 
     @classmethod
-    def from_config(cls, cfg: SyncConfig) -> ElasticAveraging:
-        return cls(alpha=cfg.alpha, wire_dtype=getattr(torch, cfg.wire_dtype))
+    def from_config(cls, options: EASGDConfig, wire_dtype: torch.dtype | None) -> ElasticAveraging:
+        return cls(alpha=options.alpha, wire_dtype=wire_dtype)
 
     def _init_state(self, params: Tensor) -> None:
         if self.alpha * self._world_size > 1:
@@ -263,7 +268,7 @@ class ElasticAveraging(SyncStrategy):
                 f"alpha {self.alpha} with {self._world_size} replicas moves EASGD's center by "
                 f"beta = replicas * alpha = {self.alpha * self._world_size:g} of its distance "
                 f"to their mean each round, past it (beta must be <= 1; Zhang et al. 2015 use "
-                f"0.9): set sync.alpha <= {1 / self._world_size:.4g}, e.g. "
+                f"0.9): set sync.strategy.alpha <= {1 / self._world_size:.4g}, e.g. "
                 f"{0.9 / self._world_size:.4g}")
         self.center = params.detach().clone()
 
@@ -336,9 +341,10 @@ class BlockwiseModelUpdateFiltering(SyncStrategy):
         self.momentum = torch.empty(0)
 
     @classmethod
-    def from_config(cls, cfg: SyncConfig) -> BlockwiseModelUpdateFiltering:
-        return cls(block_momentum=cfg.block_momentum, block_lr=cfg.block_lr,
-                   nesterov=cfg.nesterov, wire_dtype=getattr(torch, cfg.wire_dtype))
+    def from_config(cls, options: BMUFConfig,
+                    wire_dtype: torch.dtype | None) -> BlockwiseModelUpdateFiltering:
+        return cls(block_momentum=options.block_momentum, block_lr=options.block_lr,
+                   nesterov=options.nesterov, wire_dtype=wire_dtype)
 
     def _init_state(self, params: Tensor) -> None:
         requested = self._requested_block_momentum

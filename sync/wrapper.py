@@ -14,23 +14,23 @@ import dataclasses
 import enum
 import logging
 import math
-from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
-from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
-from torchrec.distributed.model_parallel import (
-    DataParallelWrapper,
-    DefaultDataParallelWrapper,
-    DistributedModelParallel,
-    get_unwrapped_module,
-)
+from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.types import ShardingEnv
 
-from shadowsync.sync.config import ALGORITHMS, SyncConfig
+from shadowsync.sync.baselines import (
+    DDPReplicas,
+    LocalReplicas,
+    PeriodicAveragerReplicas,
+    ReplicaHooks,
+    data_parallel_table_parameters,
+    dense_parameters,
+)
+from shadowsync.sync.config import SyncConfig
 from shadowsync.sync.runner import (
     FixedRateSyncRunner,
     NonFiniteError,
@@ -42,161 +42,25 @@ from shadowsync.sync.runner import (
 )
 from shadowsync.sync.strategies import SyncStrategy
 
+__all__ = ["DDPReplicas", "LocalReplicas", "PeriodicAveragerReplicas", "Phase", "ReplicaHooks",
+           "ShadowSyncReplicas", "build_replica_wrapper", "data_parallel_table_parameters",
+           "dense_parameters", "make_strategy"]
+
 logger = logging.getLogger(__name__)
 
 
-def dense_parameters(dmp: nn.Module) -> dict[str, nn.Parameter]:
-    """Every parameter TorchRec did not shard (the dense replica), by name in the unwrapped
-    module. Tables sharded ``data_parallel`` are not among them: see
-    :func:`data_parallel_table_parameters`."""
-    module = get_unwrapped_module(dmp)
-    sharded = set(DistributedModelParallel._sharded_parameter_names(module))
-    return {n: p for n, p in module.named_parameters() if n not in sharded and p.requires_grad}
-
-
-def data_parallel_table_parameters(dmp: DistributedModelParallel) -> dict[str, nn.Parameter]:
-    """Weights of the tables the plan shards ``data_parallel``.
-
-    TorchRec 1.8 counts them as sharded and wraps their lookup in its own DDP, so their
-    gradients are allreduced inside backward and the replicas stay identical whatever the dense
-    wrapper does; but no fused optimizer steps them (``apply_optimizer_in_backward`` does not
-    reach them), so without an explicit optimizer they never train.
-    """
-    params = dict(get_unwrapped_module(dmp).named_parameters())
-    out = {}
-    for path, module_plan in dmp.plan.plan.items():
-        for table, ps in module_plan.items():
-            if ps.sharding_type == "data_parallel":
-                name = f"{path}.embedding_bags.{table}.weight"
-                if name not in params:
-                    raise RuntimeError(f"data-parallel table {table}: no parameter {name}")
-                out[name] = params[name]
-    return out
-
-
-class ReplicaHooks:
-    """What the training loop calls on every wrapper; the baselines do nothing here."""
-
-    # Called with a synchronizer failure that will stop training (``sync.on_failure=raise``,
-    # or a non-finite replica), from the thread that found it; set by the trainer.
-    failure_hook: Callable[[BaseException], None] | None = None
-
-    def after_step(self) -> None:
-        """Called between steps (after the optimizer step, before the next forward)."""
-
-    def pause(self, consensus: bool) -> None:
-        """Called before evaluation, checkpointing or restoring: replicas must hold still.
-
-        With ``consensus`` the replicas end identical (the model evaluated or saved is one
-        model, and an interrupted run resumes exactly where an uninterrupted one would be).
-        """
-
-    def resume(self) -> None:
-        """Called after :meth:`pause`."""
-
-    def finish(self) -> None:
-        """Called once at the end of training, on every rank."""
-
-    def failed(self) -> bool:
-        """Whether synchronization failed on this rank and waits for :meth:`degrade`."""
-        return False
-
-    def degrade(self, ranks: list[int]) -> None:
-        """Called on every rank at the same step once the ranks agree that synchronization
-        failed on ``ranks``."""
-        del ranks
-
-    def stats(self) -> dict[str, float]:
-        return {}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        del state
-
-    def close(self) -> None:
-        """Destroys the process groups this wrapper made (after :meth:`finish`, every rank)."""
-
-    def sync_failure(self) -> BaseException | None:
-        """The synchronizer's recorded failure on this rank, if any (see
-        :meth:`~.runner.SyncRunner.failure`)."""
-        return None
-
-    @classmethod
-    def from_config(cls, cfg: SyncConfig) -> ReplicaHooks:
-        """The wrapper for ``cfg`` (a baseline reads none of it)."""
-        del cfg
-        return cls()
-
-
-class LocalReplicas(DataParallelWrapper, ReplicaHooks):
-    """Each rank keeps its own dense replica; they start identical by one broadcast from rank 0.
-
-    The module is left unwrapped (no DDP), so tracing by TorchRec's train pipeline and
-    ``state_dict`` keep working, and nothing couples the ranks' backward passes.
-    """
-
-    def __init__(self) -> None:
-        self.params: dict[str, nn.Parameter] = {}
-        self.group: dist.ProcessGroup | None = None
-
-    def wrap(self, dmp: DistributedModelParallel, env: ShardingEnv, device: torch.device) -> None:
-        self.params = dense_parameters(dmp)
-        self.group = env.process_group
-        with torch.no_grad():
-            for p in self.params.values():
-                dist.broadcast(p.data, src=0, group=self.group)
-
-
-class DDPReplicas(DefaultDataParallelWrapper, ReplicaHooks):
-    """TorchRec's default: DDP allreduces dense gradients inside every backward pass."""
-
-
-class PeriodicAveragerReplicas(LocalReplicas):
-    """PyTorch's own ``PeriodicModelAverager`` (local SGD, Lin et al., arXiv 1808.07217) on the
-    local replicas: an outside reference for the fixed-rate MA arm, run by PyTorch's code.
-
-    It averages in the training thread on the default group every ``period`` steps and has no
-    final consensus of its own, so evaluation and checkpoints see the ranks' own replicas.
-    """
-
-    def __init__(self, period: int) -> None:
-        super().__init__()
-        self.period = period
-        self.averager: PeriodicModelAverager | None = None
-
-    @classmethod
-    def from_config(cls, cfg: SyncConfig) -> PeriodicAveragerReplicas:
-        return cls(cfg.period)
-
-    def wrap(self, dmp: DistributedModelParallel, env: ShardingEnv, device: torch.device) -> None:
-        super().wrap(dmp, env, device)
-        self.averager = PeriodicModelAverager(
-            period=self.period, warmup_steps=0, process_group=self.group
-        )
-
-    def after_step(self) -> None:
-        if self.averager is None:
-            raise RuntimeError("PeriodicAveragerReplicas used before DMP wrapped it")
-        self.averager.average_parameters(list(self.params.values()))
-
-    def stats(self) -> dict[str, float]:
-        step = self.averager.step if self.averager is not None else 0
-        return {"steps": float(step), "syncs_applied": float(-(-step // self.period))}
-
-
 def make_strategy(cfg: SyncConfig) -> SyncStrategy:
-    """The ShadowSync strategy registered as ``sync.algorithm``, with its settings."""
-    entry = ALGORITHMS.get(cfg.algorithm)
-    if not entry.strategy:
-        raise ValueError(f"sync.algorithm: {cfg.algorithm!r} is not a ShadowSync strategy")
-    strategy: SyncStrategy = entry.load().from_config(cfg)
+    """The ShadowSync strategy ``sync.strategy`` names, with its options and the wire dtype."""
+    if not cfg.algorithm.strategy:
+        raise ValueError(f"sync.strategy.name: {cfg.strategy.name!r} is not a ShadowSync "
+                         "strategy")
+    strategy: SyncStrategy = cfg.algorithm.load().from_config(
+        cfg.strategy.strategy_options(), getattr(torch, cfg.transport.wire_dtype))
     return strategy
 
 
 def build_replica_wrapper(cfg: SyncConfig) -> LocalReplicas | DDPReplicas:
-    """The data-parallel wrapper for ``sync.algorithm`` (see
+    """The data-parallel wrapper for ``sync.strategy`` (see
     :data:`~shadowsync.sync.config.ALGORITHMS`): a ShadowSync strategy runs in
     :class:`ShadowSyncReplicas`, a baseline is its own wrapper.
 
@@ -206,10 +70,9 @@ def build_replica_wrapper(cfg: SyncConfig) -> LocalReplicas | DDPReplicas:
                                        data_parallel_wrapper=build_replica_wrapper(cfg.sync))
     """
     cfg.validate()
-    entry = ALGORITHMS.get(cfg.algorithm)
-    if entry.strategy:
+    if cfg.algorithm.strategy:
         return ShadowSyncReplicas.from_config(cfg)
-    wrapper: LocalReplicas | DDPReplicas = entry.load().from_config(cfg)
+    wrapper: LocalReplicas | DDPReplicas = cfg.algorithm.load().from_config(cfg)
     return wrapper
 
 
@@ -221,25 +84,44 @@ class Phase(enum.Enum):
     FAILED = "failed"  # the runner failed on this rank; the ranks have not agreed yet
     DEGRADED = "degraded"  # no runner: every rank trains its own replica until the rejoin
     PAUSED = "paused"  # the runner is stopped (an evaluation or checkpoint reads the model)
-    FINISHED = "finished"  # stopped for good, with the final consensus
+    FINISHED = "finished"  # stopped for good, replicas merged
+    ABANDONED = "abandoned"  # training failed; the runner was dropped without a collective
 
 
 class ShadowSyncReplicas(LocalReplicas):
     """Local replicas kept close by a :class:`~shadowsync.sync.runner.SyncRunner`.
 
-    ``mode: shadow`` runs the strategy on a background thread with its own process group (the
-    training loop only adds finished deltas between steps); ``mode: fixed_rate`` runs the same
-    strategy blocking every ``period`` steps. The runner starts inside :meth:`wrap`, right
-    after the broadcast that makes the replicas identical.
+    ``sync.schedule.mode: shadow`` runs the strategy on a background thread with its own
+    process group (the training loop only adds finished deltas between steps); ``fixed_rate``
+    runs the same strategy blocking every ``period`` steps. The runner starts inside
+    :meth:`wrap`, right after the broadcast that makes the replicas identical.
 
-    Failures (``sync.on_failure``): with ``raise`` a :class:`~.runner.SyncError` from a step
-    ends training. With ``degrade`` this rank keeps training its replica and reports
-    :meth:`failed`; once the ranks agree (the trainer's control exchange), :meth:`degrade`
-    drops the runner on every rank at the same step, and ``sync.rejoin_after_steps`` steps
-    later, or at the next :meth:`pause` if sooner, the ranks average their replicas on a fresh
-    group and start a fresh runner (strategy state such as BMUF momentum starts over). A
-    failure while pausing (the stop round or the final consensus) always raises: the ranks
-    may disagree on whether that round happened. A NaN/inf replica always raises.
+    **Failures** (``sync.failure.on_failure``), wherever they surface:
+
+    ======================  ===========================  ======================================
+    where                   ``raise``                    ``degrade``
+    ======================  ===========================  ======================================
+    in a round (strategy,   the next ``after_step``      this rank trains its replica on
+    collective, a peer's    raises ``SyncError`` naming  (FAILED); at the trainer's next control
+    abort) or a stall       the rank; peers get the      exchange every rank degrades on one
+    (``timeout_s``)         abort flag and raise too     step; rejoin after
+                                                         ``rejoin_after_steps`` on a fresh
+                                                         group, replicas averaged
+    at a step boundary      the same (the K-th step's    the same
+    (``max_staleness``)     wait is bounded by the
+                            stall deadline)
+    at ``pause`` (a         ``pause`` raises; no         the ranks agree at once (one tiny
+    checkpoint, an          checkpoint is written, the   allreduce on the training group),
+    evaluation) or          job fails                    degrade on this step and merge on a
+    ``finish`` (the end)                                 fresh group (replicas averaged); the
+                                                         checkpoint, evaluation or end goes on
+    a non-finite replica    ``NonFiniteError`` in        the same: never degraded around (it
+    or delta                either mode                  would be averaged into every replica)
+    in training itself      the trainer calls            the same
+                            :meth:`abandon`: the runner
+                            is dropped, its thread
+                            leaves
+    ======================  ===========================  ======================================
 
     Lifecycle (:class:`Phase`); a call not listed for a phase raises ``RuntimeError``:
 
@@ -249,24 +131,27 @@ class ShadowSyncReplicas(LocalReplicas):
     UNWRAPPED   ``wrap`` (DMP)                      RUNNING
     RUNNING     ``after_step``                      RUNNING; FAILED on a SyncError (degrade)
     RUNNING     ``degrade`` (a peer failed)         DEGRADED (runner abandoned)
-    RUNNING     ``pause``                           PAUSED (runner stopped, consensus if asked)
-    RUNNING     ``finish``                          FINISHED (stopped with consensus)
+    RUNNING     ``pause``                           PAUSED (runner stopped, consensus if
+                                                    asked); a failure there (degrade): the
+                                                    ranks agree, merge, PAUSED
+    RUNNING     ``finish``                          FINISHED (as ``pause`` with consensus)
     FAILED      ``after_step``                      FAILED (the local replica trains on)
     FAILED      ``degrade``                         DEGRADED (runner abandoned)
-    FAILED      ``pause`` / ``finish``              raises the runner's SyncError
+    FAILED      ``pause`` / ``finish``              the ranks agree, merge, PAUSED / FINISHED
     DEGRADED    ``after_step``                      DEGRADED; RUNNING at the rejoin step
     DEGRADED    ``degrade``                         DEGRADED (the rejoin step moves on)
-    DEGRADED    ``pause`` / ``finish``              rejoin, then PAUSED / FINISHED
+    DEGRADED    ``pause`` / ``finish``              merge, then PAUSED / FINISHED
     PAUSED      ``pause``                           PAUSED
     PAUSED      ``resume``                          RUNNING (runner restarted)
     PAUSED      ``finish``                          FINISHED
     FINISHED    ``pause`` / ``resume`` / ``finish``  FINISHED
     FINISHED    ``close``                           FINISHED (its groups destroyed)
+    any         ``abandon``                         ABANDONED (runner dropped, no collective)
     ==========  ==================================  ==========================================
 
     Example::
 
-        wrapper = ShadowSyncReplicas(SyncConfig(algorithm="ma", mode="shadow"))
+        wrapper = ShadowSyncReplicas(SyncConfig.from_dict({"strategy": {"name": "ma"}}))
         dmp = DistributedModelParallel(model, device=device, data_parallel_wrapper=wrapper)
         for batch in data:
             pipeline.progress(batch_iter)
@@ -279,7 +164,7 @@ class ShadowSyncReplicas(LocalReplicas):
         self.cfg = cfg
         self.runner: SyncRunner | None = None
         self.phase = Phase.UNWRAPPED
-        self._backend = "gloo"
+        self._device = torch.device("cpu")
         self._steps = 0
         self._steps_since_consensus = 0
         self._rejoin_at = 0  # the step of the rejoin, in DEGRADED
@@ -298,51 +183,56 @@ class ShadowSyncReplicas(LocalReplicas):
 
     def wrap(self, dmp: DistributedModelParallel, env: ShardingEnv, device: torch.device) -> None:
         self._expect("wrap", Phase.UNWRAPPED)
+        if self.cfg.transport.backend == "nccl" and device.type != "cuda":
+            raise ValueError(f"sync.transport.backend=nccl needs CUDA; this rank trains on "
+                             f"{device.type}: use sync.transport.backend=gloo")
         super().wrap(dmp, env, device)
-        self._backend = self.cfg.backend if device.type == "cuda" else "gloo"
-        self._start_runner(self._new_group())
+        self._device = device
+        self.runner = self._new_runner(self._new_group())
+        self.runner.start()
+        self.phase = Phase.RUNNING
 
     def _new_group(self) -> dist.ProcessGroup:
-        group = new_sync_group(self._backend, timedelta(seconds=self.cfg.timeout_s),
-                               self.cfg.socket_ifname)
+        """A fresh sync group (collective)."""
+        t = self.cfg.transport
+        group = new_sync_group(t.backend, timedelta(seconds=self.cfg.failure.timeout_s),
+                               t.socket_ifname)
         self._groups.append(group)
         return group
 
+    def _new_runner(self, group: dist.ProcessGroup) -> SyncRunner:
+        """A runner of the configured mode on ``group``, not started."""
+        cfg, schedule = self.cfg, self.cfg.schedule
+        params = list(self.params.values())
+        runner: SyncRunner
+        if schedule.mode == "fixed_rate":
+            runner = FixedRateSyncRunner(params, make_strategy(cfg), group,
+                                         period=schedule.period, chunk_bytes=cfg.chunk_bytes)
+        else:
+            runner = ShadowSyncRunner(
+                params, make_strategy(cfg), group,
+                min_interval_s=schedule.min_interval_s,
+                max_comm_share=schedule.max_comm_share or 1.0,
+                max_slowdown=schedule.max_slowdown,
+                slowdown_window=schedule.slowdown_window,
+                deadline_s=cfg.failure.timeout_s,
+                chunk_bytes=cfg.chunk_bytes,
+                thread_nice=cfg.transport.thread_nice,
+                max_staleness=schedule.max_staleness,
+            )
+        runner.on_failure = self._report
+        return runner
+
     def close(self) -> None:
-        """Destroys every sync group made (the first, and one per rejoin); after :meth:`finish`
-        on every rank: the runner is stopped, so none of them is in use."""
+        """Destroys every sync group made (the first, and one per merge); after :meth:`finish`
+        on every rank: no runner is running, so none of them is in use."""
         self._expect("close", Phase.FINISHED, Phase.UNWRAPPED)
         for group in self._groups:
             dist.destroy_process_group(group)
         self._groups.clear()
 
-    def _start_runner(self, group: dist.ProcessGroup) -> None:
-        cfg = self.cfg
-        params = list(self.params.values())
-        chunk = None if cfg.chunk_mb is None else max(16, int(cfg.chunk_mb * 2**20))
-        if cfg.mode == "fixed_rate":
-            self.runner = FixedRateSyncRunner(params, make_strategy(cfg), group, period=cfg.period,
-                                              chunk_bytes=chunk)
-        else:
-            self.runner = ShadowSyncRunner(
-                params,
-                make_strategy(cfg),
-                group,
-                min_interval_s=cfg.min_interval_s,
-                max_comm_share=cfg.max_comm_share if cfg.max_comm_share is not None else 1.0,
-                max_slowdown=cfg.max_slowdown,
-                slowdown_window=cfg.slowdown_window,
-                chunk_bytes=chunk,
-                deadline_s=cfg.timeout_s,
-                thread_nice=cfg.thread_nice,
-                max_staleness=cfg.max_staleness,
-            )
-        self.runner.on_failure = self._report
-        self.runner.start()
-        self.phase = Phase.RUNNING
-
     def _report(self, error: SyncError) -> None:
-        if self.failure_hook is not None and (self.cfg.on_failure == "raise"
+        if self.failure_hook is not None and (self.cfg.failure.on_failure == "raise"
                                               or isinstance(error, NonFiniteError)):
             self.failure_hook(error)
 
@@ -351,25 +241,30 @@ class ShadowSyncReplicas(LocalReplicas):
             raise RuntimeError("ShadowSyncReplicas used before DistributedModelParallel wrapped it")
         return self.runner
 
+    def _tolerate(self, error: SyncError) -> None:
+        """Re-raises ``error`` unless ``degrade`` covers it (never a non-finite replica: the
+        model's failure, not the synchronizer's, would be averaged into every replica)."""
+        if self.cfg.failure.on_failure == "raise" or isinstance(error, NonFiniteError):
+            raise error
+        logger.warning("%s; training the local replica (sync.failure.on_failure=degrade)", error)
+
     def after_step(self) -> None:
         self._expect("after_step", Phase.RUNNING, Phase.FAILED, Phase.DEGRADED)
         self._steps += 1
         self._steps_since_consensus += 1
         if self.phase is Phase.DEGRADED:
             if self._steps >= self._rejoin_at:
-                self._rejoin()
+                self._merge()
+                self._runner().start()
+                self.phase = Phase.RUNNING
             return
         if self.phase is Phase.FAILED:
             return
         try:
             self._runner().step()
         except SyncError as e:
-            # A NaN/inf replica is the model's failure, not the synchronizer's: degrading
-            # around it would average it into every replica at the rejoin.
-            if self.cfg.on_failure == "raise" or isinstance(e, NonFiniteError):
-                raise
+            self._tolerate(e)
             self.phase = Phase.FAILED
-            logger.warning("%s; training the local replica (sync.on_failure=degrade)", e)
 
     def failed(self) -> bool:
         return self.phase is Phase.FAILED
@@ -383,35 +278,56 @@ class ShadowSyncReplicas(LocalReplicas):
             self._runner().abandon()
             self._failures += 1
         self.phase = Phase.DEGRADED
-        self._rejoin_at = self._steps + self.cfg.rejoin_after_steps
+        self._rejoin_at = self._steps + self.cfg.failure.rejoin_after_steps
         if self.group is None or dist.get_rank(self.group) == 0:
             logger.warning(
                 "synchronization failed on rank(s) %s: every rank trains its own replica and "
-                "rejoins in %d steps (sync.rejoin_after_steps) or at the next checkpoint or "
-                "evaluation", ranks, self.cfg.rejoin_after_steps)
+                "rejoins in %d steps (sync.failure.rejoin_after_steps) or at the next "
+                "checkpoint, evaluation or the end", ranks, self.cfg.failure.rejoin_after_steps)
 
-    def _rejoin(self) -> None:
-        """Collective: average the replicas over a fresh group and start a fresh runner."""
+    def _failed_ranks(self, failed: bool) -> list[int]:
+        """Collective on the training group: the ranks whose synchronizer failed."""
+        flags = torch.zeros(dist.get_world_size(self.group), device=self._device)
+        flags[dist.get_rank(self.group)] = float(failed)
+        dist.all_reduce(flags, group=self.group)
+        return [r for r, flag in enumerate(flags.tolist()) if flag > 0]
+
+    def _merge(self) -> None:
+        """Collective: average the replicas over a fresh group, with a fresh runner (not
+        started: strategy state such as BMUF momentum starts over)."""
         group = self._new_group()
         average_(list(self.params.values()), group)
+        self.runner = self._new_runner(group)
         self._steps_since_consensus = 0
-        self._start_runner(group)
         logger.info("rank %d: synchronization rejoined on a fresh group with averaged replicas",
                     dist.get_rank())
 
     def pause(self, consensus: bool) -> None:
-        if self.phase is Phase.DEGRADED:
-            self._rejoin()
-        if self.phase not in (Phase.RUNNING, Phase.FAILED):
-            self._runner()  # raises before DMP wrapped it; else already still
+        self._expect("pause", Phase.RUNNING, Phase.FAILED, Phase.DEGRADED, Phase.PAUSED,
+                     Phase.FINISHED)
+        if self.phase in (Phase.PAUSED, Phase.FINISHED):
             return
-        # A consensus right after another (say a checkpoint at the last step, then finish())
-        # would be a second strategy round on identical replicas; BMUF's would still move them.
-        consensus = consensus and self.cfg.final_sync and self._steps_since_consensus > 0
-        self._runner().stop(final_sync=consensus)
+        if self.phase is not Phase.DEGRADED:
+            failed = self.phase is Phase.FAILED
+            if not failed:
+                try:
+                    self._runner().stop(final_sync=False)
+                except SyncError as e:
+                    self._tolerate(e)
+                    failed = True
+            if self.cfg.failure.on_failure == "degrade":  # else a failure raised above
+                ranks = self._failed_ranks(failed)
+                if ranks:
+                    self.degrade(ranks)
+        if self.phase is Phase.DEGRADED:
+            self._merge()
+        else:
+            # A consensus right after another (say a checkpoint at the last step, then
+            # finish()) would be a second round on identical replicas; BMUF's still moves them.
+            if consensus and self.cfg.schedule.final_sync and self._steps_since_consensus > 0:
+                self._runner().consensus()
+                self._steps_since_consensus = 0
         self.phase = Phase.PAUSED
-        if consensus:
-            self._steps_since_consensus = 0
 
     def resume(self) -> None:
         self._expect("resume", Phase.PAUSED, Phase.FINISHED)
@@ -422,6 +338,11 @@ class ShadowSyncReplicas(LocalReplicas):
     def finish(self) -> None:
         self.pause(consensus=True)
         self.phase = Phase.FINISHED
+
+    def abandon(self) -> None:
+        if self.runner is not None and self.phase is not Phase.ABANDONED:
+            self.runner.abandon()
+        self.phase = Phase.ABANDONED
 
     def stats(self) -> dict[str, float]:
         """The runner's telemetry; a statistic not defined yet (NaN: no sync so far, no

@@ -15,6 +15,9 @@ package, so production code carries no fault hooks. Kinds, on rank ``R``:
 ``sigterm-save``   SIGTERM to itself while writing the checkpoint of step ``N``
 ``fail-sync``      the synchronization strategy raises in round ``N``
 ``stall-sync``     the synchronization strategy never returns from round ``N``
+``fail-pause``     the strategy raises in the next round once the ``N``-th pause (checkpoint,
+                   evaluation, the end) has begun
+``stall-pause``    the strategy never returns from that round
 ``nan-loss``       the ``N``-th training batch of the epoch has NaN dense features, so the loss
                    of training step ``N`` is NaN
 ``nan-eval``       the ``N``-th evaluation batch has NaN dense features (NaN predictions)
@@ -43,6 +46,7 @@ from torchrec.datasets.utils import Batch
 from shadowsync.pipelines import train
 from shadowsync.pipelines.trainer import Trainer
 from shadowsync.sync.strategies import ModelAveraging
+from shadowsync.sync.wrapper import ShadowSyncReplicas
 
 _SPEC = re.compile(r"rank(\d+):([a-z-]+)@(\d+)$")
 
@@ -95,6 +99,32 @@ def _during_save(rank: int, step: int) -> None:
         return save(state, checkpoint_id=checkpoint_id, **kwargs)
 
     dcp.save = patched
+
+
+def _in_pause(rank: int, n: int, kind: str) -> None:
+    """From the ``n``-th call of the wrapper's ``pause`` on, rank ``rank``'s next round (the
+    one in flight, or the stop round) fails or stalls."""
+    pause = ShadowSyncReplicas.pause
+    reduce_input: Callable[..., Any] = ModelAveraging.reduce_input
+    pauses, armed = [0], [False]
+
+    def paused(self: ShadowSyncReplicas, consensus: bool) -> None:
+        pauses[0] += 1
+        if dist.get_rank() == rank and pauses[0] == n:
+            armed[0] = True
+        pause(self, consensus)
+
+    def patched(self: ModelAveraging, snapshot: Any) -> Any:
+        if armed[0]:
+            armed[0] = False
+            _announce(kind)
+            if kind == "fail-pause":
+                raise RuntimeError("injected synchronization failure")
+            threading.Event().wait()
+        return reduce_input(self, snapshot)
+
+    ShadowSyncReplicas.pause = paused  # type: ignore[method-assign]
+    ModelAveraging.reduce_input = patched  # type: ignore[method-assign]
 
 
 def _in_sync_round(rank: int, round_: int, kind: str) -> None:
@@ -158,6 +188,8 @@ def install(spec: str) -> None:
     rank, kind, n = int(m.group(1)), m.group(2), int(m.group(3))
     if kind in ("fail-sync", "stall-sync"):
         _in_sync_round(rank, n, kind)
+    elif kind in ("fail-pause", "stall-pause"):
+        _in_pause(rank, n, kind)
     elif kind == "sigterm-save":
         _during_save(rank, n)
     elif kind in ("nan-loss", "nan-eval"):

@@ -311,21 +311,25 @@ def test_rotating_replicas_refuses_arms_that_cannot_take_turns() -> None:
     from shadowsync.sync.config import SyncConfig
 
     bench = _load("bench_sync")
-    with pytest.raises(ValueError, match="sync.period=3 does not divide the turn of 10"):
-        bench.RotatingReplicas({"FR k=3": SyncConfig(algorithm="ma", mode="fixed_rate",
-                                                     period=3)}, 10)
-    with pytest.raises(ValueError, match="sync.algorithm=ddp is not a ShadowSync strategy"):
-        bench.RotatingReplicas({"ddp": SyncConfig(algorithm="ddp")}, 10)
-    with pytest.raises(ValueError, match="needs sync.on_failure=raise"):
-        bench.RotatingReplicas({"S": SyncConfig(algorithm="ma", on_failure="degrade")}, 10)
+    with pytest.raises(ValueError, match="sync.schedule.period=3 does not divide the turn of 10"):
+        bench.RotatingReplicas({"FR k=3": SyncConfig.from_dict(
+            {"strategy": {"name": "ma"}, "schedule": {"mode": "fixed_rate", "period": 3}})}, 10)
+    with pytest.raises(ValueError, match="sync.strategy.name=ddp is not a ShadowSync strategy"):
+        bench.RotatingReplicas({"ddp": SyncConfig.from_dict({"strategy": {"name": "ddp"}})},
+                               10)
+    with pytest.raises(ValueError, match="needs sync.failure.on_failure=raise"):
+        bench.RotatingReplicas({"S": SyncConfig.from_dict(
+            {"strategy": {"name": "ma"}, "failure": {"on_failure": "degrade"}})}, 10)
 
 
 def test_bracketed_turns_put_the_baseline_beside_every_other_turn() -> None:
     from shadowsync.sync.config import SyncConfig
 
     bench = _load("bench_sync")
-    fr = SyncConfig(algorithm="ma", mode="fixed_rate", period=5)
-    arms = {"none": None, "FR": fr, "S": SyncConfig(algorithm="ma"), "A/A": None}
+    fr = SyncConfig.from_dict({"strategy": {"name": "ma"},
+                               "schedule": {"mode": "fixed_rate", "period": 5}})
+    arms = {"none": None, "FR": fr, "S": SyncConfig.from_dict({"strategy": {"name": "ma"}}),
+            "A/A": None}
     plain, bracketed = bench.RotatingReplicas(arms, 10), bench.RotatingReplicas(arms, 10, "none")
     assert plain.order(1) == ["FR", "S", "A/A", "none"] and plain.turns_per_cycle == 4
     assert bracketed.order(0) == ["none", "FR", "none", "S", "none", "A/A"]
@@ -355,10 +359,11 @@ def _interleaved_arms(rank: int, world_size: int) -> dict[str, Any]:
 
     bench.RotatingReplicas = Spy
     env = init_distributed(60)
-    arms = [("none", ["sync.algorithm=none"]),
-            ("FR k=5", ["sync.algorithm=ma", "sync.mode=fixed_rate", "sync.period=5"]),
-            ("S s1", ["sync.algorithm=ma", "sync.mode=shadow", "sync.max_slowdown=null",
-                       "sync.max_staleness=1"])]
+    arms = [("none", ["sync.strategy.name=none"]),
+            ("FR k=5", ["sync.strategy.name=ma", "sync.schedule.mode=fixed_rate",
+                        "sync.schedule.period=5"]),
+            ("S s1", ["sync.strategy.name=ma", "sync.schedule.mode=shadow",
+                      "sync.schedule.max_slowdown=null", "sync.schedule.max_staleness=1"])]
     common = [*SMALL[2:], "eval.max_batches=1"]
     rows = bench.run_interleaved(env, "synthetic", common, arms, seeds=[0], cycles=2, block=10)
     bracketed = bench.run_interleaved(env, "synthetic", common, arms, seeds=[0], cycles=1,

@@ -94,8 +94,8 @@ def _run(rank: int, world_size: int, root: str, algorithm: list[str]) -> dict[st
             "resumed": _state(resumed), "saved": _state(interrupted), "at_resume": at_resume}
 
 
-RESUMED = [["sync.algorithm=bmuf", "sync.mode=fixed_rate", "sync.period=5"],
-           ["sync.algorithm=none"]]
+RESUMED = [["sync.strategy.name=bmuf", "sync.schedule.mode=fixed_rate", "sync.schedule.period=5"],
+           ["sync.strategy.name=none"]]
 
 
 @pytest.mark.parametrize("algorithm", RESUMED)
@@ -116,7 +116,7 @@ def test_resume_equals_uninterrupted_run(world: World, algorithm: list[str]) -> 
         for name, value in r["saved"].items():
             torch.testing.assert_close(r["at_resume"][name], value, rtol=0, atol=0, msg=name)
         assert any(not torch.equal(r["resumed"][k], v) for k, v in r["at_resume"].items())
-    if algorithm == ["sync.algorithm=none"]:
+    if algorithm == ["sync.strategy.name=none"]:
         # Each rank got its own replica back, not rank 0's copy.
         dense = [k for k in results[0]["saved"] if k.startswith("dense.")]
         assert any(not torch.equal(results[0]["saved"][k], results[1]["saved"][k])
@@ -151,8 +151,8 @@ def _destroyed(group: dist.ProcessGroup) -> bool:
 
 def _shadow_resume(rank: int, world_size: int, root: str) -> dict[str, Any]:
     env = init_distributed(60)
-    common = SMALL + ["sync.algorithm=bmuf", "sync.mode=shadow", "checkpoint.every_steps=24",
-                      f"checkpoint.dir={root}"]
+    common = SMALL + ["sync.strategy.name=bmuf", "sync.schedule.mode=shadow",
+                      "checkpoint.every_steps=24", f"checkpoint.dir={root}"]
 
     def trainer(steps: int) -> Trainer:
         cfg = load_config("synthetic", common + [f"train.steps={steps}"])

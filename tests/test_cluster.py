@@ -136,7 +136,8 @@ def test_limited_link_and_training_across_hosts(root_ns: None) -> None:
     lines: list[tuple[int, str]] = []
     # A shadow job sends its rounds from the sync address: they cross the link in the low class
     # while its all-to-alls use the default one.
-    shadow = [*TRAIN, "sync.algorithm=ma", "sync.mode=shadow", f"sync.socket_ifname={cl.SYNC_IF}"]
+    shadow = [*TRAIN, "sync.strategy.name=ma", "sync.schedule.mode=shadow",
+              f"sync.transport.socket_ifname={cl.SYNC_IF}"]
     with cl.Cluster(hosts=2, rate="200mbit", name=NAME, sync_class="low") as c:
         # 8 MB at 200 Mbit/s (25 MB/s) is 0.32 s on the wire; unlimited it is ~10 ms.
         (r,) = c.probe([8], repeats=1)

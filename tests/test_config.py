@@ -6,36 +6,44 @@ import logging
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
-from shadowsync.pipelines.config import PRESET_DIR, load_config, save_config
+from shadowsync.datasets import SyntheticCriteo
+from shadowsync.pipelines.build import check_sharding
+from shadowsync.pipelines.config import PRESET_DIR, config_from_text, load_config, save_config
+from shadowsync.sync.config import BMUFConfig, EASGDConfig, migrate
 
 
 def test_overrides_are_typed_and_applied() -> None:
     cfg = load_config("synthetic", [
-        "sync.algorithm=bmuf", "sync.mode=fixed_rate", "sync.period=10", "train.batch_size=4096",
-        "model.embedding_dim=8", "model.dense_arch_layer_sizes=[32, 8]", "sync.block_momentum=null",
-        "sync.block_lr=1",
+        "sync.strategy.name=bmuf", "sync.schedule.mode=fixed_rate", "sync.schedule.period=10",
+        "train.batch_size=4096", "model.embedding_dim=8", "model.dense_arch_layer_sizes=[32, 8]",
+        "sync.strategy.block_momentum=null", "sync.strategy.block_lr=1",
     ])
-    assert cfg.sync.algorithm == "bmuf" and cfg.sync.mode == "fixed_rate"
-    assert cfg.sync.period == 10 and cfg.train.batch_size == 4096
+    assert cfg.sync.strategy.name == "bmuf" and cfg.sync.schedule.mode == "fixed_rate"
+    assert cfg.sync.schedule.period == 10 and cfg.train.batch_size == 4096
     assert cfg.model.dense_arch_layer_sizes == [32, 8]
-    assert cfg.sync.block_momentum is None
-    assert isinstance(cfg.sync.block_lr, float)
+    assert isinstance(cfg.sync.strategy, BMUFConfig)
+    assert cfg.sync.strategy.block_momentum is None
+    assert isinstance(cfg.sync.strategy.block_lr, float)
 
 
 @pytest.mark.parametrize(("override", "message"), [
-    ("sync.algorithm=allreduce", "sync.algorithm: unknown algorithm 'allreduce'; known: "),
-    ("sync.algorithm=pma", "sync.algorithm: 'pma' was renamed; use 'torch_averager'"),
+    ("sync.strategy.name=allreduce",
+     "sync.strategy.name: unknown strategy 'allreduce'; known: "),
+    ("sync.strategy.name=pma", "sync.strategy.name: 'pma' was renamed; use 'torch_averager'"),
     ("train.batch_size=big", "train.batch_size: expected int"),
     ("train.bach_size=4", "unknown setting train.bach_size"),
     ("trainer.steps=4", "unknown setting trainer"),
     ("train.batch_size=0", "train.batch_size must be positive"),
     ("train.gc_every_steps=0", "train.gc_every_steps must be positive"),
-    ("sync.alpha=1.5", r"sync.alpha must be in \(0, 1\]"),
-    ("sync.thread_nice=20", r"sync.thread_nice must be in \[0, 19\]"),
-    ("sync.max_staleness=0", "sync.max_staleness must be >= 1, got 0"),
-    ("sync.slowdown_window=0", "sync.slowdown_window must be >= 1, got 0"),
+    ("sync.transport.thread_nice=20", r"sync.transport.thread_nice must be in \[0, 19\]"),
+    ("sync.schedule.max_staleness=0", "sync.schedule.max_staleness must be >= 1, got 0"),
+    ("sync.schedule.slowdown_window=0", "sync.schedule.slowdown_window must be >= 1, got 0"),
+    ("sync.failure.timeout_s=0", r"sync.failure.timeout_s must be > 0, got 0"),
+    ("sync.strategy.alpha=0.3", r"unknown setting sync.strategy.alpha; known under "
+                                r"sync.strategy: \['name'\]"),  # ma has no options
     ("sharding.types=[row_wise, bogus]", r"sharding.types\[1\]: must be one of"),
     ("train.steps=true", "train.steps"),
     ("model.embedding_dim=8", "must end in model.embedding_dim"),
@@ -46,9 +54,65 @@ def test_bad_settings_name_the_key(override: str, message: str) -> None:
         load_config(None, [override])
 
 
+def test_strategy_options_are_checked_under_their_strategy() -> None:
+    with pytest.raises(ValueError, match=r"sync.strategy.alpha must be in \(0, 1\]"):
+        load_config(None, ["sync.strategy.name=easgd", "sync.strategy.alpha=1.5"])
+    with pytest.raises(ValueError, match=r"sync.strategy.block_momentum must be in \[0, 1\)"):
+        load_config(None, ["sync.strategy.name=bmuf", "sync.strategy.block_momentum=1"])
+    # A preset's strategy section is dropped when an override names another strategy.
+    cfg = load_config("easgd_shadow", ["sync.strategy.name=bmuf", "sync.strategy.nesterov=true"])
+    assert cfg.sync.strategy == BMUFConfig(nesterov=True)
+
+
+@pytest.mark.parametrize("old,new", [
+    ("sync.algorithm=ma", "sync.strategy.name"),
+    ("sync.mode=shadow", "sync.schedule.mode"),
+    ("sync.period=10", "sync.schedule.period"),
+    ("sync.alpha=0.3", "sync.strategy.alpha"),
+    ("sync.max_staleness=1", "sync.schedule.max_staleness"),
+    ("sync.wire_dtype=bfloat16", "sync.transport.wire_dtype"),
+    ("sync.thread_nice=10", "sync.transport.thread_nice"),
+    ("sync.on_failure=degrade", "sync.failure.on_failure"),
+    ("sync.timeout_s=3", "sync.failure.timeout_s"),
+])
+def test_the_flat_keys_of_earlier_versions_name_their_new_place(old: str, new: str) -> None:
+    with pytest.raises(ValueError, match=f"^{old.partition('=')[0]} has moved: use {new}$"):
+        load_config("synthetic", [old])
+
+
+def test_a_config_stored_by_an_earlier_version_still_reads() -> None:
+    """A checkpoint's ``config.yaml`` from before the sections: flat keys, every option of
+    every strategy (the unused ones dropped)."""
+    old = {"algorithm": "easgd", "mode": "fixed_rate", "period": 5, "alpha": 0.25,
+           "block_momentum": None, "block_lr": 1.0, "nesterov": False, "min_interval_s": 0.0,
+           "wire_dtype": "bfloat16", "timeout_s": 30.0, "on_failure": "degrade"}
+    text = yaml.safe_dump({"sync": old})
+    cfg = config_from_text(text, "old/config.yaml")
+    assert cfg.sync.strategy == EASGDConfig(alpha=0.25)
+    assert (cfg.sync.schedule.mode, cfg.sync.schedule.period) == ("fixed_rate", 5)
+    assert cfg.sync.transport.wire_dtype == "bfloat16"
+    assert (cfg.sync.failure.timeout_s, cfg.sync.failure.on_failure) == (30.0, "degrade")
+    assert migrate(cfg.to_dict()["sync"]) == cfg.to_dict()["sync"]  # today's shape: as is
+
+
 def test_socket_ifname_needs_a_gloo_sync_group() -> None:
-    with pytest.raises(ValueError, match="sync.socket_ifname binds a gloo group"):
-        load_config(None, ["sync.backend=nccl", "sync.socket_ifname=eth1"])
+    with pytest.raises(ValueError, match="sync.transport.socket_ifname binds a gloo group"):
+        load_config(None, ["sync.schedule.mode=fixed_rate", "sync.transport.backend=nccl",
+                           "sync.transport.socket_ifname=eth1"])
+
+
+def test_shadow_mode_refuses_nccl_naming_gloo() -> None:
+    """Defect 4 of the protocol issue: ``sync.backend=nccl`` in shadow mode was accepted, and on
+    CPU silently ran gloo while the saved config said nccl."""
+    with pytest.raises(ValueError, match="sync.transport.backend=nccl cannot carry shadow "
+                                         "rounds .*: use sync.transport.backend=gloo"):
+        load_config("synthetic", ["sync.transport.backend=nccl"])
+    fixed = load_config("synthetic", ["sync.schedule.mode=fixed_rate",
+                                      "sync.transport.backend=nccl"])
+    assert fixed.sync.transport.backend == "nccl"  # allowed there, and never replaced:
+    with pytest.raises(ValueError, match="sync.transport.backend=nccl needs CUDA; this job "
+                                         "trains on cpu: use sync.transport.backend=gloo"):
+        check_sharding(fixed, SyntheticCriteo().spec, 2, torch.device("cpu"))
 
 
 def test_every_preset_loads_and_round_trips(tmp_path: Path) -> None:
@@ -92,35 +156,40 @@ def test_yaml_syntax_errors_name_the_file_and_line(tmp_path: Path, text: str,
 def test_numbers_as_people_type_them() -> None:
     cfg = load_config("synthetic", ["optim.dense_lr=1e-3", "optim.sparse_lr=5E-2",
                                     "optim.eps=1.5e-10", "train.steps=2e3",
-                                    "logging.window_examples=1_000_000", "sync.max_slowdown=.25"])
+                                    "logging.window_examples=1_000_000",
+                                    "sync.schedule.max_slowdown=.25"])
     assert (cfg.optim.dense_lr, cfg.optim.sparse_lr, cfg.optim.eps) == (1e-3, 5e-2, 1.5e-10)
     assert cfg.train.steps == 2000 and isinstance(cfg.train.steps, int)
-    assert cfg.logging.window_examples == 1_000_000 and cfg.sync.max_slowdown == 0.25
+    assert cfg.logging.window_examples == 1_000_000 and cfg.sync.schedule.max_slowdown == 0.25
     with pytest.raises(ValueError, match="train.steps: .*2.5"):
         load_config("synthetic", ["train.steps=2.5"])
     # strings that only look like numbers stay what their field says
     with pytest.raises(ValueError, match="output_dir: 1000.0 does not fit str"):
         load_config("synthetic", ["output_dir=1e3"])
     assert load_config("synthetic", ["output_dir='1e3'"]).output_dir == "1e3"
-    assert load_config("synthetic", ["sync.socket_ifname=eth0:sync"]).sync.socket_ifname == \
-        "eth0:sync"
+    cfg = load_config("synthetic", ["sync.transport.socket_ifname=eth0:sync"])
+    assert cfg.sync.transport.socket_ifname == "eth0:sync"
 
 
 @pytest.mark.parametrize(("overrides", "warned"), [
-    (["sync.period=10"], "sync.period=10 does nothing with sync.algorithm=ma sync.mode=shadow; "
-                         "it acts with sync.mode=fixed_rate or sync.algorithm=torch_averager"),
-    (["sync.algorithm=ddp", "sync.min_interval_s=0.5"],
-     "sync.min_interval_s=0.5 does nothing with sync.algorithm=ddp; it acts with "
-     "sync.algorithm ma, easgd or bmuf"),
-    (["sync.mode=fixed_rate", "sync.period=5", "sync.max_slowdown=0.2"],
-     "sync.max_slowdown=0.2 does nothing with sync.algorithm=ma sync.mode=fixed_rate; it acts "
-     "with sync.mode=shadow"),
-    (["sync.mode=fixed_rate", "sync.max_staleness=1"], "sync.max_staleness=1 does nothing"),
-    (["sync.max_slowdown=null", "sync.slowdown_window=64"],
-     "sync.slowdown_window=64 does nothing with sync.algorithm=ma sync.mode=shadow; it acts "
-     "with sync.max_slowdown set"),
-    (["sync.algorithm=bmuf", "sync.alpha=0.9"], "sync.alpha=0.9 does nothing"),
-    (["sync.algorithm=easgd", "sync.nesterov=true"], "sync.nesterov=True does nothing"),
+    (["sync.schedule.period=10"],
+     "sync.schedule.period=10 does nothing with sync.strategy.name=ma sync.schedule.mode=shadow; "
+     "it acts with sync.schedule.mode=fixed_rate or sync.strategy.name=torch_averager"),
+    (["sync.strategy.name=ddp", "sync.schedule.min_interval_s=0.5"],
+     "sync.schedule.min_interval_s=0.5 does nothing with sync.strategy.name=ddp; it acts with "
+     "sync.strategy.name ma, easgd or bmuf"),
+    (["sync.schedule.mode=fixed_rate", "sync.schedule.period=5", "sync.schedule.max_slowdown=0.2"],
+     "sync.schedule.max_slowdown=0.2 does nothing with sync.strategy.name=ma "
+     "sync.schedule.mode=fixed_rate; it acts with sync.schedule.mode=shadow"),
+    (["sync.schedule.mode=fixed_rate", "sync.schedule.max_staleness=1"],
+     "sync.schedule.max_staleness=1 does nothing"),
+    (["sync.schedule.mode=fixed_rate", "sync.transport.thread_nice=5"],
+     "sync.transport.thread_nice=5 does nothing"),
+    (["sync.schedule.max_slowdown=null", "sync.schedule.slowdown_window=64"],
+     "sync.schedule.slowdown_window=64 does nothing with sync.strategy.name=ma "
+     "sync.schedule.mode=shadow; it acts with sync.schedule.max_slowdown set"),
+    (["sync.strategy.name=none", "sync.failure.on_failure=degrade"],
+     "sync.failure.on_failure=degrade does nothing with sync.strategy.name=none"),
 ])
 def test_overrides_that_do_nothing_are_pointed_out(
     overrides: list[str], warned: str, caplog: pytest.LogCaptureFixture,
@@ -142,24 +211,25 @@ def test_overrides_that_act_or_only_restate_a_default_are_quiet(
 ) -> None:
     monkeypatch.delenv("RANK", raising=False)
     with caplog.at_level(logging.WARNING, "shadowsync.config"):
-        load_config("ma_fixed_rate", ["sync.period=20"])
-        load_config("synthetic", ["sync.algorithm=torch_averager", "sync.period=4"])
-        load_config("synthetic", ["sync.algorithm=easgd", "sync.alpha=0.3"])
+        load_config("ma_fixed_rate", ["sync.schedule.period=20"])
+        load_config("synthetic", ["sync.strategy.name=torch_averager", "sync.schedule.period=4"])
+        load_config("synthetic", ["sync.strategy.name=easgd", "sync.strategy.alpha=0.3"])
         # bench_sync gives every arm the same overrides; switching pacing off is no request
-        load_config("synthetic", ["sync.algorithm=none", "sync.max_slowdown=null"])
+        load_config("synthetic", ["sync.strategy.name=none", "sync.schedule.max_slowdown=null"])
         load_config("bmuf_fixed_rate")  # a preset's inherited max_slowdown is not typed
     assert not caplog.records, caplog.text
 
 
 def test_base_presets_inherit_and_cycles_are_refused(tmp_path: Path) -> None:
     cfg = load_config("bmuf_fixed_rate")
-    assert (cfg.sync.algorithm, cfg.sync.mode, cfg.sync.period) == ("bmuf", "fixed_rate", 10)
+    assert (cfg.sync.strategy.name, cfg.sync.schedule.mode, cfg.sync.schedule.period) == (
+        "bmuf", "fixed_rate", 10)
     assert cfg.data.name == "movielens_1m" and cfg.model.over_arch_layer_sizes == [128, 64, 1]
     child = tmp_path / "child.yaml"
     child.write_text("base: movielens_1m\ndata:\n  name: synthetic\n  options: {seed: 3}\n")
     merged = load_config(child)
     assert merged.data.options == {"seed": 3}  # options are replaced, never mixed across sets
-    assert merged.sync.algorithm == "ma"
+    assert merged.sync.strategy.name == "ma"
     loop = tmp_path / "loop.yaml"
     loop.write_text(f"base: {loop}\n")
     with pytest.raises(ValueError, match="cycle"):

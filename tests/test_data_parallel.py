@@ -32,7 +32,7 @@ OVERRIDES = [
     "model.dense_arch_layer_sizes=[16, 8]",
     "sharding.types=[data_parallel]",
     "sharding.compute_kernel=dense",
-    "sync.algorithm=none",
+    "sync.strategy.name=none",
 ]
 
 

@@ -530,7 +530,7 @@ def _train_npy(rank: int, world_size: int, directory: str) -> list[dict[str, Any
             cfg = load_config("synthetic", [
                 "data.name=criteo_npy", f"data.options={{directory: {directory}}}",
                 "train.batch_size=64", "train.steps=30", "eval.batch_size=100",
-                "eval.every_steps=null", "train.log_every=1000", "sync.algorithm=ddp",
+                "eval.every_steps=null", "train.log_every=1000", "sync.strategy.name=ddp",
                 f"sharding.types=[{kind}]", f"sharding.compute_kernel={kernel}",
                 "sharding.min_partition=8",
             ])

@@ -16,6 +16,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -136,8 +137,10 @@ def _assert_loadable(root: Path, step: int) -> None:
 
 # ---------------------------------------------------------------------------------- bad input
 @pytest.mark.parametrize(("overrides", "message"), [
-    (["sync.algorithm=allreduce"], "sync.algorithm: unknown algorithm 'allreduce'"),
-    (["sync.on_failure=retry"], "sync.on_failure: must be one of"),
+    (["sync.strategy.name=allreduce"], "sync.strategy.name: unknown strategy 'allreduce'"),
+    (["sync.failure.on_failure=retry"], "sync.failure.on_failure: must be one of"),
+    (["sync.algorithm=ma"], "sync.algorithm has moved: use sync.strategy.name"),
+    (["sync.transport.backend=nccl"], "sync.transport.backend=nccl cannot carry shadow rounds"),
     (["train.bach_size=4"], "unknown setting train.bach_size"),
     (["train.pg_timeout_s=0"], "train.pg_timeout_s must be positive"),
     (["train.batch_size=0"], "train.batch_size must be positive"),
@@ -297,7 +300,7 @@ def test_stuck_peer_times_out_without_torchrun() -> None:
 
 
 # ---------------------------------------------------------------------------------- sync faults
-SHADOW = ["sync.algorithm=ma", "sync.mode=shadow", "sync.timeout_s=3"]
+SHADOW = ["sync.strategy.name=ma", "sync.schedule.mode=shadow", "sync.failure.timeout_s=3"]
 
 
 def test_failed_sync_round_stops_the_job() -> None:
@@ -309,17 +312,18 @@ def test_failed_sync_round_stops_the_job() -> None:
     assert f"rank 0 failed: PeerFailed: {cause}" in job.log  # not the abort it received
     assert _root_cause_is_rank_1(job.log)
     assert job.since_fault() < EXIT_BOUND_S
-    _report("sync strategy raises in round 5 (`sync.on_failure=raise`)", job,
+    _report("sync strategy raises in round 5 (`sync.failure.on_failure=raise`)", job,
             "`rank 1 failed: SyncError: rank 1: synchronization failed: RuntimeError: ...`; "
             "rank 0 `PeerFailed: rank 1 failed: ...`",
             job.since_fault())
 
 
 def test_stalled_sync_degrades_and_rejoins(tmp_path: Path) -> None:
-    job = torchrun([*SHADOW, "sync.on_failure=degrade", "sync.rejoin_after_steps=20",
-                    "train.steps=400", f"checkpoint.dir={tmp_path}"], fault="rank1:stall-sync@5")
+    job = torchrun([*SHADOW, "sync.failure.on_failure=degrade",
+                    "sync.failure.rejoin_after_steps=20", "train.steps=400",
+                    f"checkpoint.dir={tmp_path}"], fault="rank1:stall-sync@5")
     assert job.rc == 0, job.log[-3000:]
-    assert "no synchronization round completed in 3.0 s" in job.log
+    assert re.search(r"round \d+ stalled: in flight for more than 3.0 s", job.log), job.log[-3000:]
     assert re.search(r"synchronization failed on rank\(s\) \[[01, ]+\]: every rank trains its "
                      r"own replica", job.log)
     assert job.log.count("synchronization rejoined on a fresh group") == 2  # both ranks
@@ -327,9 +331,93 @@ def test_stalled_sync_degrades_and_rejoins(tmp_path: Path) -> None:
     final = Path(checkpoint.latest(str(tmp_path)).path)  # type: ignore[union-attr]
     dense = [torch.load(final / f"rank_{r:05d}.pt", weights_only=True)["dense"] for r in (0, 1)]
     assert all(torch.equal(dense[0][k], dense[1][k]) for k in dense[0])  # one model again
-    _report("sync thread stalls in round 5 (`sync.on_failure=degrade`)", job,
-            "warning `no synchronization round completed in 3.0 s`; all ranks degrade on one "
-            "step, rejoin 20 steps later; exit 0, replicas identical at the end")
+    _report("sync thread stalls in round 5 (`sync.failure.on_failure=degrade`)", job,
+            "warning `round N stalled: in flight for more than 3.0 s`; all ranks degrade on "
+            "one step and merge (20 steps later, or at the end if found there); exit 0, "
+            "replicas identical at the end")
+
+
+@pytest.mark.parametrize(("place", "overrides"), [
+    ("checkpoint", ["checkpoint.every_steps=20", "checkpoint.keep=null"]),
+    ("evaluation", ["eval.every_steps=30"]),
+    ("end", []),
+])
+def test_a_stall_at_a_pause_degrades_and_the_job_goes_on(place: str, overrides: list[str],
+                                                          tmp_path: Path) -> None:
+    """Defect 3 of the protocol issue: with ``degrade``, a stall found at a checkpoint, an
+    evaluation or the end failed the job and wrote no checkpoint. Rank 1's synchronizer
+    stalls in the rounds of the first pause; both ranks find it there (the stall deadline),
+    agree, degrade on that step and merge on a fresh group; the checkpoint is written (with
+    identical replicas), the evaluation is logged, the job ends 0. ``max_staleness=1`` puts
+    both ranks' rounds at the same steps, so the stalled round is one every rank waits for."""
+    job = torchrun([*SHADOW, "sync.failure.on_failure=degrade", "sync.schedule.max_staleness=1",
+                    "train.steps=60", f"checkpoint.dir={tmp_path}", f"output_dir={tmp_path}/out",
+                    *overrides], fault="rank1:stall-pause@1")
+    assert job.rc == 0, job.log[-3000:]
+    assert "FAULT stall-pause rank 1" in job.log
+    assert re.search(r"round \d+ stalled: in flight for more than 3.0 s", job.log)
+    assert re.search(r"synchronization failed on rank\(s\) \[[01, ]+\]: every rank trains its "
+                     r"own replica", job.log)
+    assert re.search(r"sync_failures\s+1\n", job.log)  # the summary table
+    step = {"checkpoint": 20, "evaluation": 30, "end": 60}[place]
+    records = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").open()]
+    if place == "evaluation":
+        assert any(r["step"] == 30 and "eval_auc" in r for r in records), records
+    if place != "evaluation":
+        assert any(r.get("checkpoint", "").endswith(f"step_{step:08d}") for r in records), records
+        saved = Path(tmp_path) / f"step_{step:08d}"
+        dense = [torch.load(saved / f"rank_{r:05d}.pt", weights_only=True)["dense"]
+                 for r in (0, 1)]
+        assert all(torch.equal(dense[0][k], dense[1][k]) for k in dense[0])  # merged
+    _assert_loadable(tmp_path, 60)
+    _report(f"sync stalls at the {place} (`degrade`, `max_staleness=1`)", job,
+            "both ranks find the stall there, degrade on that step and merge; the "
+            f"{'evaluation' if place == 'evaluation' else 'checkpoint'} goes on; exit 0")
+
+
+def test_a_failure_at_the_end_with_raise_fails_the_job_naming_the_rank(tmp_path: Path) -> None:
+    job = torchrun([*SHADOW, "sync.schedule.max_staleness=1", "train.steps=60",
+                    "checkpoint.every_steps=20", f"checkpoint.dir={tmp_path}"],
+                   fault="rank1:fail-pause@3")  # the third pause: the end
+    assert job.rc == 1, job.log[-3000:]
+    cause = ("rank 1 failed: SyncError: rank 1: synchronization failed: RuntimeError: injected "
+             "synchronization failure")
+    assert cause in job.log, job.log[-3000:]
+    assert _root_cause_is_rank_1(job.log)
+    _assert_loadable(tmp_path, 40)  # no checkpoint of step 60: the end's pause failed
+    _report("sync strategy raises at the end (`raise`)", job,
+            "`rank 1 failed: SyncError: ...`; the last checkpoint (step 40) stays the newest; "
+            "exit 1", job.since_fault())
+
+
+def _abandoned(rank: int, world_size: int) -> dict[str, Any]:
+    """Training raises on every rank at step 10 (an exception of the training loop itself):
+    the synchronizer's thread must end with it, not keep waiting for a snapshot."""
+    env = train.init_distributed(60)
+    cfg = load_config("synthetic", SMALL[2:] + ["train.steps=40"])
+    trainer = train.Trainer(cfg, env, build_dataset(cfg.data.name, **cfg.data.options))
+    after_step = trainer.wrapper.after_step
+
+    def failing() -> None:
+        after_step()
+        if trainer.step + 1 == 10:
+            raise RuntimeError("training failed")
+
+    trainer.wrapper.after_step = failing  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="training failed"):
+        trainer.train()
+    threads = [t for t in threading.enumerate() if t.name.startswith("shadowsync-rank")]
+    for t in threads:
+        t.join(10.0)
+    return {"alive": [t.name for t in threads if t.is_alive()],
+            "phase": trainer.wrapper.phase.name}  # type: ignore[union-attr]
+
+
+def test_a_training_failure_ends_the_sync_thread_with_it() -> None:
+    """Defect 5 of the protocol issue: a training exception left the daemon sync thread
+    running (the trainer never abandoned the runner)."""
+    for result in run_ranks(_abandoned, timeout_s=120):
+        assert result == {"alive": [], "phase": "ABANDONED"}, result
 
 
 # ----------------------------------------------------------------------- the control exchange
@@ -473,7 +561,7 @@ def _non_finite_in_process(rank: int, world_size: int, out: str) -> dict[str, An
     results: dict[str, Any] = {}
     for case, fault, overrides in [
         # Checks every 10 steps whatever the pace, as the test's steps are counted.
-        ("loss", ("nan-loss", 25), ["sync.algorithm=ddp", "train.steps=60",
+        ("loss", ("nan-loss", 25), ["sync.strategy.name=ddp", "train.steps=60",
                                     "train.control_min_interval_s=null"]),
         ("eval", ("nan-eval", 1), ["train.steps=10", "train.log_every=5", f"output_dir={out}"]),
     ]:
@@ -502,7 +590,8 @@ def _non_finite_in_process(rank: int, world_size: int, out: str) -> dict[str, An
     # A finite gradient too large to square on rank 1 in step 13 (Adagrad's state turns inf;
     # no replica sync, so only there): found before the next record, at step 20.
     trainer = train.Trainer(load_config("synthetic", SMALL[2:] + [
-        "train.steps=30", "train.log_every=10", "optim.dense=adagrad", "sync.algorithm=none"]),
+        "train.steps=30", "train.log_every=10", "optim.dense=adagrad",
+        "sync.strategy.name=none"]),
         env, build_dataset(cfg.data.name, **cfg.data.options))
     step_optimizer = trainer.optimizer.step
 

@@ -76,12 +76,19 @@ def test_slowdown_goal_needs_the_whole_spread_and_names_the_nearest_fr() -> None
 
 
 def test_slowdown_budgets_come_from_the_recorded_overrides() -> None:
-    lines = ["  arm none: sync.algorithm=none",
-             "  arm FR k=10: sync.algorithm=ma sync.mode=fixed_rate sync.period=10",
-             "  arm S 5%: sync.algorithm=ma sync.max_slowdown=0.2 sync.socket_ifname=veth0:sync",
-             "  arm S back to back: sync.algorithm=ma sync.max_slowdown=null"]
+    lines = ["  arm none: sync.strategy.name=none",
+             "  arm FR k=10: sync.strategy.name=ma sync.schedule.mode=fixed_rate "
+             "sync.schedule.period=10",
+             "  arm S 5%: sync.strategy.name=ma sync.schedule.max_slowdown=0.2 "
+             "sync.transport.socket_ifname=veth0:sync",
+             "  arm S back to back: sync.strategy.name=ma sync.schedule.max_slowdown=null"]
     budgets = fr.slowdown_budgets(fr.arm_overrides(["python benchmarks/frontier.py", *lines]))
     assert budgets == {"S 5%": 0.2}  # what the arm ran with, whatever its label says
+    # jobs recorded before the sync section was split name its flat keys
+    old = ["  arm none: sync.algorithm=none",
+           "  arm S 5%: sync.algorithm=ma sync.max_slowdown=0.2 sync.socket_ifname=veth0:sync",
+           "  arm S back to back: sync.algorithm=ma sync.max_slowdown=null"]
+    assert fr.slowdown_budgets(fr.arm_overrides(old)) == budgets
     (goal,) = fr.slowdown_goal(list(arms().values()), budgets)
     assert goal["keep"] == pytest.approx(0.8)
     assert fr.slowdown_goal(list(arms().values()), {}) == []  # no arm had a budget
@@ -139,32 +146,33 @@ def test_dominance_compares_arms_that_send_the_same_bytes() -> None:
     d = {row["fr"]: row for row in fr.dominance(fr.summarize(rows, world_size=2))}
     assert d["FR k=10"]["strict"] == ["S 5%"]
     assert d["FR k=10 bf16"]["strict"] == ["S 5% bf16"]
-    arms = fr.default_arms("ma", [5], ["5%: sync.max_slowdown=0.05"], ["float32", "bfloat16"],
-                           "sync.chunk_mb=1")
+    arms = fr.default_arms("ma", [5], ["5%: sync.schedule.max_slowdown=0.05"],
+                           ["float32", "bfloat16"], "sync.transport.chunk_mb=1")
     assert [a.split(":")[0] for a in arms] == [
         "none", "ddp", "FR k=5", "S 5%", "FR k=5 bf16", "S 5% bf16"]
-    assert arms[-1].split() == ["S", "5%", "bf16:", "sync.algorithm=ma", "sync.mode=shadow",
-                                "sync.max_slowdown=0.05", "sync.chunk_mb=1",
-                                "sync.wire_dtype=bfloat16"]
+    assert arms[-1].split() == ["S", "5%", "bf16:", "sync.strategy.name=ma",
+                                "sync.schedule.mode=shadow", "sync.schedule.max_slowdown=0.05",
+                                "sync.transport.chunk_mb=1", "sync.transport.wire_dtype=bfloat16"]
     # Sync traffic in the low class: FR and shadow arms bind the sync group to the sync address.
-    arms = fr.default_arms("ma", [5], ["b2b: sync.max_slowdown=null"],
-                           sync_common="sync.socket_ifname=veth0:sync")
-    assert arms[:2] == ["none: sync.algorithm=none", "ddp: sync.algorithm=ddp"]
-    assert all(a.endswith("sync.wire_dtype=float32 sync.socket_ifname=veth0:sync")
-               for a in arms[2:]), arms
+    arms = fr.default_arms("ma", [5], ["b2b: sync.schedule.max_slowdown=null"],
+                           sync_common="sync.transport.socket_ifname=veth0:sync")
+    assert arms[:2] == ["none: sync.strategy.name=none", "ddp: sync.strategy.name=ddp"]
+    assert all(a.endswith("sync.transport.wire_dtype=float32 "
+                          "sync.transport.socket_ifname=veth0:sync") for a in arms[2:]), arms
 
 
 def test_chunks_are_sized_by_link_time() -> None:
-    assert fr.chunk_override("200mbit", 2.5) == "sync.chunk_mb=0.0596"  # 62.5 kB
-    assert fr.chunk_override("1gbit", 2.5) == "sync.chunk_mb=0.298"
+    assert fr.chunk_override("200mbit", 2.5) == "sync.transport.chunk_mb=0.0596"  # 62.5 kB
+    assert fr.chunk_override("1gbit", 2.5) == "sync.transport.chunk_mb=0.298"
     assert fr.chunk_override("unlimited", 2.5) == ""
     assert fr.chunk_override("1gbit", 0) == ""
 
 
 def test_an_aa_arm_is_reported_as_the_spread_between_identical_arms() -> None:
-    arms_aa = fr.default_arms("ma", [5], ["b2b: sync.max_slowdown=null"], aa=True)
-    assert arms_aa[-1] == f"{fr.AA_ARM}: sync.algorithm=none"
-    assert fr.AA_ARM not in "".join(fr.default_arms("ma", [5], ["b2b: sync.max_slowdown=null"]))
+    arms_aa = fr.default_arms("ma", [5], ["b2b: sync.schedule.max_slowdown=null"], aa=True)
+    assert arms_aa[-1] == f"{fr.AA_ARM}: sync.strategy.name=none"
+    assert fr.AA_ARM not in "".join(
+        fr.default_arms("ma", [5], ["b2b: sync.schedule.max_slowdown=null"]))
     again = [run(fr.AA_ARM, r, e) for r, e in enumerate([1030, 760, 1250])]
     summary = fr.summarize([*ROWS, *again], world_size=2)
     assert fr.aa_line(summary).startswith(
@@ -177,7 +185,7 @@ def test_an_aa_arm_is_reported_as_the_spread_between_identical_arms() -> None:
 
 def test_an_interleaved_job_has_no_ddp_arm_and_says_what_its_repeats_are(
         tmp_path: Path) -> None:
-    arms = fr.default_arms("ma", [5], ["b2b: sync.max_slowdown=null"], ddp=False)
+    arms = fr.default_arms("ma", [5], ["b2b: sync.schedule.max_slowdown=null"], ddp=False)
     assert [a.split(":")[0] for a in arms] == ["none", "FR k=5", "S b2b"]
     (tmp_path / "raw").mkdir()
     turns = [{**r, "interleave": 100, "eval_ne": math.nan} for r in ROWS]

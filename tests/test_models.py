@@ -317,9 +317,10 @@ def _train_every_model(rank: int, world_size: int, root: str) -> dict[str, Any]:
 
 # The other dense synchronizers, each on a model other than DLRM.
 OTHER_SYNCS = {
-    "deepfm": ["sync.algorithm=ddp"],
-    "wide_deep": ["sync.algorithm=bmuf", "sync.mode=fixed_rate", "sync.period=5"],
-    "user": ["sync.algorithm=easgd", "sync.mode=shadow"],
+    "deepfm": ["sync.strategy.name=ddp"],
+    "wide_deep": ["sync.strategy.name=bmuf", "sync.schedule.mode=fixed_rate",
+                  "sync.schedule.period=5"],
+    "user": ["sync.strategy.name=easgd", "sync.schedule.mode=shadow"],
 }
 
 

@@ -155,11 +155,11 @@ def test_arm_overrides_select_the_arm() -> None:
 
     for arm in sm.arms(period=7):
         sync = load_config("movielens_1m", arm.overrides.split()).sync
-        assert sync.algorithm == (arm.strategy or arm.kind)
+        assert sync.strategy.name == (arm.strategy or arm.kind)
         if arm.strategy is not None:
-            assert sync.mode == arm.kind
+            assert sync.schedule.mode == arm.kind
         if arm.kind == "fixed_rate":
-            assert sync.period == 7
+            assert sync.schedule.period == 7
     assert [a.name for a in sm.arms()][:3] == ["none", "ddp", "fixed-rate ma k=10"]
 
 
@@ -517,13 +517,19 @@ def test_arms_from_recorded_overrides_and_names() -> None:
     assert sm.parse_testbed_arm("S 5%", chunk_bytes=65536).chunk_bytes == 65536
     assert sm.parse_testbed_arm("FR k=5", chunk_bytes=65536).chunk_bytes is None  # shadow only
     recorded = sm.parse_testbed_arm(
-        "S 20%", "sync.algorithm=ma sync.mode=shadow sync.max_slowdown=0.2 "
-        "sync.chunk_mb=0.25 sync.wire_dtype=bfloat16", chunk_bytes=65536)
+        "S 20%", "sync.strategy.name=ma sync.schedule.mode=shadow sync.schedule.max_slowdown=0.2 "
+        "sync.transport.chunk_mb=0.25 sync.transport.wire_dtype=bfloat16", chunk_bytes=65536)
     assert (recorded.max_slowdown, recorded.chunk_bytes, recorded.wire_factor) == (
         0.2, 0.25 * 2**20, 0.5)  # the recorded chunk, not the fallback
-    unchunked = sm.parse_testbed_arm("S back to back", "sync.mode=shadow sync.max_slowdown=null",
-                                     chunk_bytes=65536)
+    unchunked = sm.parse_testbed_arm("S back to back", "sync.schedule.mode=shadow "
+                                     "sync.schedule.max_slowdown=null", chunk_bytes=65536)
     assert unchunked.max_slowdown is None and unchunked.chunk_bytes is None
+    # jobs recorded before the sync section was split name its flat keys: read the same
+    assert sm.parse_testbed_arm(
+        "S 20%", "sync.algorithm=ma sync.mode=shadow sync.max_slowdown=0.2 sync.chunk_mb=0.25 "
+        "sync.wire_dtype=bfloat16", chunk_bytes=65536) == recorded
+    assert sm.parse_testbed_arm("S back to back", "sync.mode=shadow sync.max_slowdown=null",
+                                chunk_bytes=65536) == unchunked
     assert sm.chunks(recorded, 8e6) == math.ceil(8e6 / 2**18)
     assert sm.chunks(unchunked, 8e6) == 1
 
@@ -555,13 +561,14 @@ def test_arm_overrides_read_from_the_jobs_cmd_files(tmp_path: Path) -> None:
     raw.mkdir()
     (raw / "h2_1gbit.cmd").write_text(
         "python benchmarks/frontier.py --hosts 2\n"
-        "  arm none: sync.algorithm=none\n"
-        "  arm S 5%: sync.algorithm=ma sync.mode=shadow sync.max_slowdown=0.05 "
-        "sync.chunk_mb=0.298\n")
+        "  arm none: sync.strategy.name=none\n"
+        "  arm S 5%: sync.strategy.name=ma sync.schedule.mode=shadow "
+        "sync.schedule.max_slowdown=0.05 sync.transport.chunk_mb=0.298\n")
     (raw / "h2_200mbit.cmd").write_text("python benchmarks/frontier.py --hosts 2\n")  # older
     assert sm.load_arm_overrides(tmp_path) == {(2, "1gbit"): {
-        "none": "sync.algorithm=none",
-        "S 5%": "sync.algorithm=ma sync.mode=shadow sync.max_slowdown=0.05 sync.chunk_mb=0.298"}}
+        "none": "sync.strategy.name=none",
+        "S 5%": "sync.strategy.name=ma sync.schedule.mode=shadow "
+                "sync.schedule.max_slowdown=0.05 sync.transport.chunk_mb=0.298"}}
 
 
 def test_report_leaves_out_arms_it_does_not_know(tmp_path: Path) -> None:
@@ -602,11 +609,23 @@ def test_arms_with_staleness_nice_and_traffic_class() -> None:
     assert sm.parse_testbed_arm("S b2b") == dataclasses.replace(
         sm.parse_testbed_arm("S back to back"), name="S b2b")
     recorded = sm.parse_testbed_arm(
-        "S b2b s1", "sync.mode=shadow sync.max_slowdown=null sync.max_staleness=null "
-        "sync.thread_nice=5 sync.socket_ifname=veth0:sync")
+        "S b2b s1", "sync.schedule.mode=shadow sync.schedule.max_slowdown=null "
+        "sync.schedule.max_staleness=null sync.transport.thread_nice=5 "
+        "sync.transport.socket_ifname=veth0:sync")
     assert (recorded.max_staleness, recorded.thread_nice, recorded.low_class) == (None, 5, True)
-    assert sm.parse_testbed_arm("FR k=2", "sync.period=2 sync.socket_ifname=veth0:sync").low_class
-    assert not sm.parse_testbed_arm("FR k=2", "sync.period=2").low_class
+    assert sm.parse_testbed_arm("FR k=2", "sync.schedule.period=2 "
+                                "sync.transport.socket_ifname=veth0:sync").low_class
+    assert not sm.parse_testbed_arm("FR k=2", "sync.schedule.period=2").low_class
+    # the flat keys of earlier records (sync.max_staleness, sync.thread_nice, ...) read the same
+    assert sm.parse_testbed_arm(
+        "S b2b s1", "sync.mode=shadow sync.max_slowdown=null sync.max_staleness=null "
+        "sync.thread_nice=5 sync.socket_ifname=veth0:sync") == recorded
+    old_fr = sm.parse_testbed_arm("FR k=2", "sync.period=3 sync.socket_ifname=veth0:sync")
+    assert (old_fr.period, old_fr.low_class) == (3, True)
+    assert sm.current_override_key("sync.thread_nice") == "sync.transport.thread_nice"
+    assert sm.current_override_key("sync.algorithm") == "sync.strategy.name"
+    for key in ("sync.schedule.max_staleness", "train.steps", "sync.strategy.options.x"):
+        assert sm.current_override_key(key) == key
     with pytest.raises(ValueError, match="not a frontier arm"):
         sm.parse_testbed_arm("S b2b x3")
 
@@ -623,7 +642,8 @@ def test_staleness_class_and_nice_on_hand_numbers() -> None:
                 constants: sm.TestbedConstants = k) -> sm.TestbedPrediction:
         return sm.predict_testbed(sm.parse_testbed_arm(name, overrides), job, constants)
 
-    low = predict("S b2b", "sync.max_slowdown=null sync.socket_ifname=veth0:sync")
+    low = predict("S b2b", "sync.schedule.max_slowdown=null "
+                  "sync.transport.socket_ifname=veth0:sync")
     assert low.step_s == pytest.approx(0.111)  # no queue behind a round in the low class
     assert predict("S b2b").step_s > 0.111
     # a long round: S = 1e8 B, A = 1 s, Ac = 0.1 s, r = 0.01 s, R = 1.01 s, Tc = T0 = 0.1 s

@@ -336,7 +336,8 @@ def test_rejects_bad_inputs() -> None:
     with pytest.raises(ValueError, match="shape"):
         s.delta(torch.zeros(3), torch.zeros(4))
     # EASGD's center moves by W * alpha of its gap to the mean: past it above 1 (diverges)
-    with pytest.raises(ValueError, match=r"beta = replicas \* alpha = 2 .* sync.alpha <= 0.25"):
+    with pytest.raises(ValueError,
+                       match=r"beta = replicas \* alpha = 2 .* sync.strategy.alpha <= 0.25"):
         ElasticAveraging(0.5).init(torch.zeros(3), 4)
     e = ElasticAveraging(0.5)
     e.init(torch.zeros(3), 2)  # beta = 1: the center lands on the mean

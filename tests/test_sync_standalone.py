@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests._dist import free_port
 
@@ -65,7 +66,8 @@ dist.destroy_process_group()
 def test_config_imports_without_torch() -> None:
     code = _BLOCK + textwrap.dedent("""
         from shadowsync.sync.config import ALGORITHMS, SyncConfig
-        cfg = SyncConfig(algorithm="bmuf", mode="fixed_rate", period=4)
+        cfg = SyncConfig.from_dict({"strategy": {"name": "bmuf"},
+                                    "schedule": {"mode": "fixed_rate", "period": 4}})
         cfg.validate()
         assert "torch" not in sys.modules, "shadowsync.sync.config imported torch"
         print(ALGORITHMS.names())
@@ -96,16 +98,31 @@ def test_shadow_sync_on_a_plain_pytorch_model() -> None:
 
 
 def test_a_strategy_of_ones_own_by_import_path() -> None:
+    """``sync.strategy.name: module:Class`` with ``options`` of its own, read into the dataclass
+    its ``from_config`` annotates them with and checked like any setting."""
     from shadowsync.sync.config import SyncConfig
-    from shadowsync.sync.strategies import ElasticAveraging
+    from shadowsync.sync.strategies import ElasticAveraging, ModelAveraging
     from shadowsync.sync.wrapper import make_strategy
 
-    cfg = SyncConfig(algorithm="shadowsync.sync.strategies:ElasticAveraging", alpha=0.3)
+    def config(name: str, **options: object) -> SyncConfig:
+        return SyncConfig.from_dict({"strategy": {"name": name, "options": options},
+                                     "transport": {"wire_dtype": "bfloat16"}})
+
+    cfg = config("shadowsync.sync.strategies:ElasticAveraging", alpha=0.3)
     cfg.validate()
     strategy = make_strategy(cfg)
     assert isinstance(strategy, ElasticAveraging) and strategy.alpha == 0.3
-    assert "alpha" not in cfg.ignored()  # a strategy of one's own may read any setting
-    with pytest.raises(ValueError, match="sync.algorithm: cannot import 'no_such.mod:Avg'"):
-        make_strategy(SyncConfig(algorithm="no_such.mod:Avg"))
-    with pytest.raises(ValueError, match="sync.algorithm: unknown algorithm 'no-colon'"):
-        SyncConfig(algorithm="no-colon").validate()
+    assert strategy.wire_dtype is torch.bfloat16
+    with pytest.raises(ValueError, match=r"sync.strategy.options.alpha must be in \(0, 1\]"):
+        config("shadowsync.sync.strategies:ElasticAveraging", alpha=2.0).validate()
+    with pytest.raises(ValueError, match="unknown setting sync.strategy.options.beta"):
+        config("shadowsync.sync.strategies:ElasticAveraging", beta=0.3).validate()
+    assert isinstance(make_strategy(config("shadowsync.sync.strategies:ModelAveraging")),
+                      ModelAveraging)
+    with pytest.raises(ValueError, match="sync.strategy.options: 'shadowsync.sync.strategies:"
+                                         "ModelAveraging' takes no options"):
+        config("shadowsync.sync.strategies:ModelAveraging", alpha=0.3).validate()
+    with pytest.raises(ValueError, match="sync.strategy.name: cannot import 'no_such.mod:Avg'"):
+        config("no_such.mod:Avg").validate()
+    with pytest.raises(ValueError, match="sync.strategy.name: unknown strategy 'no-colon'"):
+        config("no-colon").validate()

@@ -57,23 +57,23 @@ def _spread(results: Runs, run: int) -> float:
 
 
 # The 2-rank jobs of this module, by name: (preset, common overrides, one override list a run).
-BASELINES = [["sync.algorithm=none"], ["sync.algorithm=ddp"],
-             ["sync.algorithm=ma", "sync.mode=shadow"],
-             ["sync.algorithm=bmuf", "sync.mode=fixed_rate", "sync.period=8"],
-             ["sync.algorithm=torch_averager", "sync.period=1"]]
+BASELINES = [["sync.strategy.name=none"], ["sync.strategy.name=ddp"],
+             ["sync.strategy.name=ma", "sync.schedule.mode=shadow"],
+             ["sync.strategy.name=bmuf", "sync.schedule.mode=fixed_rate", "sync.schedule.period=8"],
+             ["sync.strategy.name=torch_averager", "sync.schedule.period=1"]]
 SHARDING_TYPES = ["column_wise", "table_column_wise", "data_parallel"]
 JOBS: dict[str, tuple[str, list[str], list[list[str]]]] = {
     "baselines": ("synthetic", SMALL, BASELINES),
     "sharding": ("synthetic", SMALL, [
-        [f"sharding.types=[{t}]", "sync.algorithm=ddp", "data.options.num_train_examples=20480",
+        [f"sharding.types=[{t}]", "sync.strategy.name=ddp", "data.options.num_train_examples=20480",
          "model.embedding_dim=16", "model.dense_arch_layer_sizes=[32, 16]",
          "sharding.min_partition=8",
          "sharding.compute_kernel=" + ("dense" if t == "data_parallel" else "fused")]
         for t in SHARDING_TYPES]),
     # Real data: a third of a pass of MovieLens-1M.
     "movielens": ("movielens_1m", [], [["train.steps=300", "eval.every_steps=null",
-                                        "train.log_every=100", "sync.algorithm=ma",
-                                        "sync.mode=shadow"]]),
+                                        "train.log_every=100", "sync.strategy.name=ma",
+                                        "sync.schedule.mode=shadow"]]),
 }
 
 

@@ -3,7 +3,6 @@ call by call on a world of one, with a strategy that fails on demand."""
 
 from __future__ import annotations
 
-import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -29,19 +28,12 @@ class _Flaky(ModelAveraging):
         return super().reduce_input(snapshot)
 
 
-class _Slow(ModelAveraging):
-    """Model averaging whose rounds take at least 20 ms."""
-
-    def reduce_input(self, snapshot: torch.Tensor) -> torch.Tensor:
-        time.sleep(0.02)
-        return super().reduce_input(snapshot)
-
-
 def _wrapped(mode: str, algorithm: str = "tests.test_wrapper_lifecycle:_Flaky",
-             **settings: Any) -> ShadowSyncReplicas:
-    cfg = SyncConfig(algorithm=algorithm, mode=mode,  # type: ignore[arg-type]
-                     period=1, on_failure="degrade", rejoin_after_steps=2, timeout_s=10,
-                     **settings)
+             on_failure: str = "degrade", **schedule: Any) -> ShadowSyncReplicas:
+    cfg = SyncConfig.from_dict({
+        "strategy": {"name": algorithm},
+        "schedule": {"mode": mode, "period": 1, **schedule},
+        "failure": {"on_failure": on_failure, "rejoin_after_steps": 2, "timeout_s": 10}})
     wrapper = ShadowSyncReplicas.from_config(cfg)
     assert wrapper.phase is Phase.UNWRAPPED
     env = SimpleNamespace(process_group=dist.group.WORLD)
@@ -59,6 +51,13 @@ def _lifecycle(rank: int, world_size: int) -> list[str]:
 
     def mark(w: ShadowSyncReplicas, label: str) -> None:
         seen.append(f"{label}:{w.phase.name}")
+
+    def attempt(label: str, call: Any) -> None:
+        try:
+            call()
+            seen.append(f"{label}: returned")
+        except (RuntimeError, SyncError) as e:
+            seen.append(f"{label}: {type(e).__name__}: {e}")
 
     w = _wrapped("fixed_rate")
     mark(w, "wrap")
@@ -97,7 +96,7 @@ def _lifecycle(rank: int, world_size: int) -> list[str]:
     mark(w, "after finish")
     assert w.stats()["failures"] == 2.0, w.stats()
     groups = list(w._groups)
-    assert len(groups) == 3  # the first, and one per rejoin
+    assert len(groups) == 3  # the first, and one per merge
     w.close()
     for group in groups:  # destroyed: no longer a group this process knows
         with pytest.raises((RuntimeError, ValueError)):
@@ -113,58 +112,75 @@ def _lifecycle(rank: int, world_size: int) -> list[str]:
     w.finish()  # rejoins first
     mark(w, "finish while degraded")
 
+    # A failure found at a pause: with degrade, the ranks agree on it there and merge.
     w = _wrapped("fixed_rate")
     _fail(w, True)
     w.after_step()
-    try:
-        w.pause(consensus=True)
-        seen.append("pause while failed: returned")
-    except SyncError:
-        seen.append("pause while failed: SyncError")
-
-    fresh = ShadowSyncReplicas(SyncConfig(algorithm="ma"))
-    for call in (fresh.after_step, fresh.resume, lambda: fresh.degrade([0])):
-        try:
-            call()
-            seen.append("unwrapped call: returned")
-        except RuntimeError as e:
-            seen.append(f"unwrapped call: {e}")
-    w = _wrapped("fixed_rate")
-    try:
-        w.resume()
-        seen.append("resume while running: returned")
-    except RuntimeError as e:
-        seen.append(f"resume while running: {e}")
+    w.pause(consensus=True)
+    mark(w, "pause while failed")
+    assert w.stats()["failures"] == 1.0 and len(w._groups) == 2
     w.finish()
-    # The shadow settings reach the runner: 20 ms rounds beside instant steps would land
-    # tens of steps stale; sync.max_staleness=1 makes each step wait for the round in flight.
-    w = _wrapped("shadow", "tests.test_wrapper_lifecycle:_Slow", max_staleness=1)
+    w = _wrapped("shadow")
+    w.after_step()
+    _fail(w, True)  # the stop round fails
+    w.finish()
+    mark(w, "a failure in the stop round at finish (degrade)")
+    assert w.stats()["failures"] == 1.0
+    w = _wrapped("shadow", on_failure="raise")
+    w.after_step()
+    _fail(w, True)
+    attempt("a failure in the stop round at finish (raise)", w.finish)
+
+    w = _wrapped("shadow")
+    w.after_step()
+    w.abandon()
+    mark(w, "abandon")
+    attempt("after_step after abandon", w.after_step)
+
+    fresh = ShadowSyncReplicas(SyncConfig.from_dict({"strategy": {"name": "ma"}}))
+    for label, call in (("after_step", fresh.after_step), ("resume", fresh.resume),
+                        ("degrade", lambda: fresh.degrade([0]))):
+        attempt(f"unwrapped {label}", call)
+    w = _wrapped("fixed_rate")
+    attempt("resume while running", w.resume)
+    w.finish()
+    # The shadow settings reach the runner: with sync.schedule.max_staleness=1 every step waits
+    # for the round its predecessor started, so each lands exactly one step after its snapshot.
+    w = _wrapped("shadow", max_staleness=1)
     for _ in range(20):
         w.after_step()
     stats = w.stats()
     w.finish()
-    seen.append(f"staleness bound 1: max {stats['staleness_max']:g}, "
-                f"waited {stats['wait_seconds'] > 0.01 * (stats['syncs_applied'] - 1)}")
+    seen.append(f"staleness bound 1: {stats['syncs_applied']:g} syncs in 20 steps, "
+                f"staleness {stats['staleness_mean']:g} to {stats['staleness_max']:g}")
     return seen
 
 
 def test_every_transition_of_the_lifecycle() -> None:
     (seen,) = run_ranks(_lifecycle, world_size=1, timeout_s=120)
-    assert seen[:19] == [
+    assert seen[:22] == [
         "wrap:RUNNING", "step:RUNNING", "pause:PAUSED", "pause again:PAUSED", "resume:RUNNING",
         "failing step:FAILED", "step while failed:FAILED", "degrade:DEGRADED",
         "degrade again:DEGRADED", "step while degraded:DEGRADED", "rejoin:RUNNING",
         "degrade from running:DEGRADED", "pause while degraded:PAUSED",
         "finish from paused:FINISHED", "after finish:FINISHED", "finish from running:FINISHED",
-        "finish while degraded:FINISHED", "pause while failed: SyncError",
-        "unwrapped call: ShadowSyncReplicas.after_step() in phase UNWRAPPED (allowed in "
-        "['RUNNING', 'FAILED', 'DEGRADED'])",
+        "finish while degraded:FINISHED", "pause while failed:PAUSED",
+        "a failure in the stop round at finish (degrade):FINISHED",
+        "a failure in the stop round at finish (raise): SyncError: rank 0: synchronization "
+        "failed: RuntimeError: injected",
+        "abandon:ABANDONED",
+        "after_step after abandon: RuntimeError: ShadowSyncReplicas.after_step() in phase "
+        "ABANDONED (allowed in ['RUNNING', 'FAILED', 'DEGRADED'])",
     ], seen
-    assert seen[19].startswith("unwrapped call: ShadowSyncReplicas.resume() in phase UNWRAPPED")
-    assert seen[20].startswith("unwrapped call: ShadowSyncReplicas.degrade() in phase UNWRAPPED")
-    assert seen[21].startswith("resume while running: ShadowSyncReplicas.resume() in phase "
-                               "RUNNING"), seen
-    assert seen[22] == "staleness bound 1: max 1, waited True", seen
+    assert seen[22] == ("unwrapped after_step: RuntimeError: ShadowSyncReplicas.after_step() "
+                        "in phase UNWRAPPED (allowed in ['RUNNING', 'FAILED', 'DEGRADED'])"), seen
+    assert seen[23].startswith("unwrapped resume: RuntimeError: ShadowSyncReplicas.resume() in "
+                               "phase UNWRAPPED")
+    assert seen[24].startswith("unwrapped degrade: RuntimeError: ShadowSyncReplicas.degrade() "
+                               "in phase UNWRAPPED")
+    assert seen[25].startswith("resume while running: RuntimeError: ShadowSyncReplicas.resume() "
+                               "in phase RUNNING"), seen
+    assert seen[26] == "staleness bound 1: 19 syncs in 20 steps, staleness 1 to 1", seen
 
 
 @pytest.mark.parametrize("phase", list(Phase))
