@@ -132,10 +132,13 @@ def claim_failure(exc: BaseException) -> None:
 
 
 def is_consequence(exc: BaseException | None) -> bool:
-    """Whether ``exc`` (or what caused it) says that another rank failed first."""
-    while exc is not None:
+    """Whether ``exc`` (or what caused it) says that another rank failed first. A chain of
+    causes that loops back is followed once round."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
         if isinstance(exc, (PeerAborted, PeerNonFinite, PeerFailed)):
             return True
+        seen.add(id(exc))
         exc = exc.__cause__
     return False
 

@@ -144,7 +144,7 @@ class SyncRunner(abc.ABC):
                 model = self._strategy.consensus(wire.payload)
                 self._check_finite(model, "the consensus model", self._telemetry.counters.steps)
             except Exception as exc:
-                raise self._record_failure(exc) from exc
+                raise self._record_failure(exc)  # noqa: B904 (its __cause__ is exc)
             torch._foreach_copy_(self._params, views(model, self._params))
 
     def failure(self) -> SyncError | None:
@@ -192,7 +192,8 @@ class SyncRunner(abc.ABC):
 
     def _record_failure(self, exc: BaseException) -> SyncError:
         """Training thread: FAILED, with ``exc`` as :meth:`_as_sync_error` (the first failure
-        stays the one raised)."""
+        stays the one raised, with its own cause: raise it as it is, never ``from`` a later
+        exception, which could make its chain of causes a loop)."""
         if self._failure is None:
             self._failure = self._as_sync_error(exc)
         self._telemetry.stopped()

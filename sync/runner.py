@@ -104,7 +104,7 @@ class FixedRateSyncRunner(SyncRunner):
         except Exception as exc:
             error = self._record_failure(exc)
             self._tell(exc)
-            raise error from exc
+            raise error  # noqa: B904 (its __cause__ is exc)
         self._apply(Result(delta, None, job, agreement), steps)
 
     def stop(self, final_sync: bool = True) -> None:
@@ -269,7 +269,7 @@ class ShadowSyncRunner(SyncRunner):
                                    f"within {self._deadline_s} s")
             self._raise_if_failed()
         except Exception as exc:
-            raise self._record_failure(exc) from exc
+            raise self._record_failure(exc)  # noqa: B904 (the first failure, with its cause)
         self._telemetry.stopped()
         self._thread = None
         self._pacing.interrupt()
@@ -291,7 +291,7 @@ class ShadowSyncRunner(SyncRunner):
     def _raise_if_failed(self) -> None:
         error = self._handoff.error
         if error is not None:
-            raise self._record_failure(error) from error
+            raise self._record_failure(error)  # noqa: B904 (its __cause__ is error)
 
     def _land(self, step: int, wait: bool) -> Result | None:
         """Applies the round in flight if it is done, waiting for it if ``wait`` or at its

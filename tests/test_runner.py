@@ -457,6 +457,31 @@ def test_the_abort_round_runs_on_the_side_stream(world1: dist.ProcessGroup,
     assert seen == [(False, True), (True, True)], seen  # the round, then the abort round
 
 
+def test_a_failure_in_the_stop_round_is_raised_with_a_finite_chain_of_causes(
+        world1: dist.ProcessGroup) -> None:
+    """The failure a stop raises is the first one recorded, raised as it is: raising it
+    ``from`` itself looped its chain of causes, and the launcher's walk along it never ended
+    (a job failing at its end hung)."""
+    strategy = TimedAveraging(ManualClock(), stall_at=3)
+    strategy.release.set()  # round 3, the stop round, raises at once
+    runner = ShadowSyncRunner(params_of(make_model()), strategy, world1, max_staleness=1)
+    runner.start()
+    for _ in range(2):
+        runner.step()
+    with pytest.raises(SyncError, match="released") as caught:
+        runner.stop()
+    seen: list[int] = []
+    error: BaseException | None = caught.value
+    while error is not None:
+        assert id(error) not in seen, "the chain of causes loops"
+        seen.append(id(error))
+        error = error.__cause__
+    assert len(seen) == 2  # the SyncError, then the strategy's RuntimeError
+    with pytest.raises(SyncError) as again:
+        runner.stop()
+    assert again.value is caught.value
+
+
 # ----------------------------------------------------------------------------- SlowdownPacer
 def test_slowdown_pacer_spaces_rounds_by_what_one_costs() -> None:
     """Busy steps 1.5x as long as quiet ones: a round that keeps 2 steps busy costs a whole
