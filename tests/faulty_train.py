@@ -101,46 +101,49 @@ def _during_save(rank: int, step: int) -> None:
     dcp.save = patched
 
 
+def _failing_rounds(kind: str, due: Callable[[], bool]) -> None:
+    """Makes the strategy's round fail (``fail-*``: raise) or stall (``stall-*``: never
+    return) on the call where ``due()`` says so."""
+    reduce_input: Callable[..., Any] = ModelAveraging.reduce_input
+
+    def patched(self: ModelAveraging, snapshot: Any) -> Any:
+        if due():
+            _announce(kind)
+            if kind.startswith("fail-"):
+                raise RuntimeError("injected synchronization failure")
+            threading.Event().wait()
+        return reduce_input(self, snapshot)
+
+    ModelAveraging.reduce_input = patched  # type: ignore[method-assign]
+
+
 def _in_pause(rank: int, n: int, kind: str) -> None:
     """From the ``n``-th call of the wrapper's ``pause`` on, rank ``rank``'s next round (the
     one in flight, or the stop round) fails or stalls."""
     pause = ShadowSyncReplicas.pause
-    reduce_input: Callable[..., Any] = ModelAveraging.reduce_input
     pauses, armed = [0], [False]
 
     def paused(self: ShadowSyncReplicas, consensus: bool) -> None:
         pauses[0] += 1
-        if dist.get_rank() == rank and pauses[0] == n:
-            armed[0] = True
+        armed[0] = armed[0] or (dist.get_rank() == rank and pauses[0] == n)
         pause(self, consensus)
 
-    def patched(self: ModelAveraging, snapshot: Any) -> Any:
-        if armed[0]:
-            armed[0] = False
-            _announce(kind)
-            if kind == "fail-pause":
-                raise RuntimeError("injected synchronization failure")
-            threading.Event().wait()
-        return reduce_input(self, snapshot)
+    def due() -> bool:
+        fire, armed[0] = armed[0], False
+        return fire
 
     ShadowSyncReplicas.pause = paused  # type: ignore[method-assign]
-    ModelAveraging.reduce_input = patched  # type: ignore[method-assign]
+    _failing_rounds(kind, due)
 
 
 def _in_sync_round(rank: int, round_: int, kind: str) -> None:
-    reduce_input: Callable[..., Any] = ModelAveraging.reduce_input
     calls = [0]
 
-    def patched(self: ModelAveraging, snapshot: Any) -> Any:
+    def due() -> bool:
         calls[0] += 1
-        if dist.get_rank() == rank and calls[0] == round_:
-            _announce(kind)
-            if kind == "fail-sync":
-                raise RuntimeError("injected synchronization failure")
-            threading.Event().wait()
-        return reduce_input(self, snapshot)
+        return dist.get_rank() == rank and calls[0] == round_
 
-    ModelAveraging.reduce_input = patched  # type: ignore[method-assign]
+    _failing_rounds(kind, due)
 
 
 class _Poisoned:

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from torch import Tensor, nn
+from torch import Tensor
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 
 from shadowsync.sync.config import SyncConfig
@@ -45,50 +45,18 @@ from shadowsync.sync.strategies import (
 )
 from shadowsync.sync.wrapper import ShadowSyncReplicas
 from tests._dist import run_ranks
+from tests._sync import (
+    Recording,
+    flat,
+    gather_flat,
+    make_model,
+    rank_data,
+    spread,
+    train_step,
+    train_until_sync_error,
+)
 
 pytestmark = pytest.mark.slow
-
-IN_DIM = 8
-
-
-def make_model(seed: int = 0) -> nn.Module:
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(IN_DIM, 16), nn.Tanh(), nn.Linear(16, 1))
-
-
-def rank_data(rank: int, steps: int, batch: int = 16) -> list[tuple[Tensor, Tensor]]:
-    """A shared regression target plus a per-rank part: unsynchronized replicas drift apart."""
-    w = torch.randn(IN_DIM, 1, generator=torch.Generator().manual_seed(99))
-    g = torch.Generator().manual_seed(100 + rank)
-    w = w + 0.5 * torch.randn(IN_DIM, 1, generator=g)
-    xs = [torch.randn(batch, IN_DIM, generator=g) for _ in range(steps)]
-    return [(x, x @ w) for x in xs]
-
-
-def train_step(model: nn.Module, x: Tensor, y: Tensor, lr: float = 0.01) -> None:
-    """Plain SGD by hand: ``torch.optim`` would import dynamo (~3 s) in every spawned rank."""
-    model.zero_grad()
-    nn.functional.mse_loss(model(x), y).backward()
-    with torch.no_grad():
-        for p in model.parameters():
-            p -= lr * p.grad
-
-
-def flat(model: nn.Module) -> Tensor:
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-
-
-def gather_flat(model: nn.Module) -> list[Tensor]:
-    """Every rank's flattened replica (collective on the default group)."""
-    mine = flat(model)
-    out = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(out, mine)
-    return out
-
-
-def spread(replicas: list[Tensor]) -> float:
-    return (replicas[0] - replicas[1]).norm().item()
-
 
 def local_work(rank: int, step: int) -> None:
     """Work only rank 1 does, every third step: the ranks' step clocks, and so their pacers'
@@ -97,18 +65,6 @@ def local_work(rank: int, step: int) -> None:
         a = torch.randn(96, 96)
         for _ in range(8):
             a = torch.tanh(a @ a)
-
-
-class Recording(ShadowSyncRunner):
-    """Records the step of every snapshot it hands to the sync thread."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.snapshots: list[int] = []
-
-    def _give(self, step: int, stop: bool) -> None:
-        self.snapshots.append(step)
-        super()._give(step, stop)
 
 
 # ----------------------------------------------------------------------------- the matrix
@@ -541,16 +497,7 @@ def _fault(rank: int, world_size: int) -> dict[str, Any]:
         3 if rank == 0 else None), new_sync_group(timeout=timedelta(seconds=20)),
         max_staleness=1, deadline_s=20.0)
     runner.start()
-    error: SyncError | None = None
-    steps = 0
-    for x, y in rank_data(rank, 50):
-        train_step(model, x, y)
-        steps += 1
-        try:
-            runner.step()
-        except SyncError as e:
-            error = e
-            break
+    error, steps = train_until_sync_error(model, runner, rank, 50)
     with pytest.raises(SyncError):
         runner.stop()
     return {"message": str(error), "cause": repr(error.__cause__) if error else None,
@@ -574,17 +521,13 @@ def _non_finite(rank: int, world_size: int) -> dict[str, Any]:
     runner = ShadowSyncRunner(list(model.parameters()), ModelAveraging(),
                               new_sync_group(timeout=timedelta(seconds=20)), max_staleness=1)
     runner.start()
-    error: SyncError | None = None
-    for step, (x, y) in enumerate(rank_data(rank, 50), start=1):
-        train_step(model, x, y)
+
+    @torch.no_grad()
+    def poison(step: int) -> None:
         if rank == 0 and step == 10:
-            with torch.no_grad():
-                next(model.parameters())[0, 0] = math.nan
-        try:
-            runner.step()
-        except SyncError as e:
-            error = e
-            break
+            next(model.parameters())[0, 0] = math.nan
+
+    error, _ = train_until_sync_error(model, runner, rank, 50, poison)
     with contextlib.suppress(SyncError):
         runner.stop()
     peer_finite = bool(flat(model).isfinite().all()) if rank == 1 else None

@@ -30,13 +30,7 @@ from shadowsync.sync.runner import (
     new_sync_group,
 )
 from shadowsync.sync.strategies import ElasticAveraging, ModelAveraging
-
-IN_DIM = 8
-
-
-def make_model(seed: int = 0) -> nn.Module:
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(IN_DIM, 16), nn.Tanh(), nn.Linear(16, 1))
+from tests._sync import Recording, make_model
 
 
 def params_of(model: nn.Module) -> list[Tensor]:
@@ -51,18 +45,6 @@ def world1() -> Iterator[dist.ProcessGroup]:
         yield new_sync_group(timeout=timedelta(seconds=30))
     finally:
         dist.destroy_process_group()
-
-
-class Recording(ShadowSyncRunner):
-    """Records the step of every snapshot it hands to the sync thread."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.snapshots: list[int] = []
-
-    def _give(self, step: int, stop: bool) -> None:
-        self.snapshots.append(step)
-        super()._give(step, stop)
 
 
 class FixedPause(Pacer):
