@@ -83,7 +83,7 @@ def parse_args(argv: list[str] | None = None) -> RunConfig:
         prog="python -m shadowsync.pipelines.train", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--config", help="YAML preset (see pipelines/configs/)")
-    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. sync.algorithm=ma")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. sync.strategy.name=ma")
     args = parser.parse_args(argv)
     return load_config(args.config, args.overrides)
 

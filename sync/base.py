@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -84,7 +84,7 @@ class SyncRunner(abc.ABC):
         self._step_busy = False  # synchronization touched the step in progress
         # Called once with this rank's own failure (not a peer's abort), from whichever thread
         # found it, before peers are told: the trainer reports it to the job from there.
-        self.on_failure: Any = None
+        self.on_failure: Callable[[SyncError], None] | None = None
 
     # ------------------------------------------------------------------ public API
     @property
@@ -230,10 +230,10 @@ class SyncRunner(abc.ABC):
                 f"{self._telemetry.counters.rounds + 1} (snapshot of step {step})")
 
     def _round(self, job: Job, pause_steps: float = 0.0, chunk_s: float = 0.0,
-               between: Any = None) -> tuple[Tensor, Agreement]:
+               between: Callable[[float], float] | None = None) -> tuple[Tensor, Agreement]:
         """One strategy round on the snapshot; the delta and what the ranks agreed. A replica
         or delta that is not finite raises on the rank that holds it, before its peers average
-        it in. The caller hands any exception to :meth:`_fail`."""
+        it in. The caller hands any exception to :meth:`_tell` (and records it)."""
         self._check_finite(self._snapshot, "the dense replica", job.step)
         with record_function("shadowsync.reduce_input"):
             payload = self._strategy.reduce_input(self._snapshot)

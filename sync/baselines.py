@@ -55,7 +55,7 @@ def data_parallel_table_parameters(dmp: DistributedModelParallel) -> dict[str, n
 class ReplicaHooks:
     """What the training loop calls on every wrapper; the baselines do nothing here."""
 
-    # Called with a synchronizer failure that will stop training (``sync.on_failure=raise``,
+    # Called with a synchronizer failure that will stop training (``on_failure: raise``,
     # or a non-finite replica), from the thread that found it; set by the trainer.
     failure_hook: Callable[[BaseException], None] | None = None
 
