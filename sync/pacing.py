@@ -209,8 +209,13 @@ class SlowdownPacer(Pacer):
         self._quiet_before = after
 
     def interrupt(self) -> None:
-        """The runs on either side of a stop do not bracket each other."""
+        """Training stops being observed for a while (a stop): the runs on either side of it
+        do not bracket each other, but a quiet run in progress was measured in full, so it
+        still brackets the busy run before it. (Else, where one round falls between two
+        stops, as in turns of a benchmark, no round would ever be bracketed.)"""
         with self._lock:
+            if self._run is not None and not self._run[0]:
+                self._close_run(*self._run)
             self._run = self._pending = self._quiet_before = None
 
     def round_cost(self) -> float:

@@ -549,11 +549,21 @@ def test_slowdown_pacer_compares_each_round_with_the_quiet_steps_beside_it() -> 
     assert pacer.round_cost() == pytest.approx(0.2)
     assert pacer.round_steps() == pytest.approx(0.6)
     assert pacer.round_gap() == pytest.approx(12)
-    # A pause breaks the runs: the busy run after it is not set against the quiet run before.
+    # A stop breaks the runs: the busy run after it is not set against the quiet run before.
     pacer.interrupt()
     for seconds, busy, began in [(0.050, True, True)] * 3 + [(0.010, False, False)] * 3:
         pacer.observe(seconds, busy, began)
     assert pacer.round_cost() == pytest.approx(0.2)
+    # But a quiet run cut by a stop was measured in full: it brackets the busy run before it,
+    # so a round between two stops still counts (one round per turn of a benchmark did not).
+    lone = SlowdownPacer(0.05)
+    for _ in range(3):
+        lone.interrupt()
+        for seconds, busy, began in [(0.010, False, False)] * 5 + [(0.012, True, True)] + [
+                (0.012, True, False)] * 2 + [(0.010, False, False)] * 4:
+            lone.observe(seconds, busy, began)
+    lone.interrupt()
+    assert len(lone._bracketed) == 3 and lone.round_steps() == pytest.approx(0.6)
     # Only the last cost_window (128) busy steps' worth of runs counts: dearer rounds replace
     # it. It holds 43 runs of 3 (without the oldest, 126 would be too few), and the 0.2 runs
     # leave it one by one (each round brackets the run before it).
