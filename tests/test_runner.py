@@ -655,12 +655,14 @@ class CountingStrategy(ModelAveraging):
         return torch.ones_like(snapshot)
 
 
-def hammer(rank: int, world_size: int, rounds: int = 1_000, steps: int = 60_000,
+def hammer(rank: int, world_size: int, rounds: int = 1_000, steps: int = 2_000_000,
            **bound: int) -> dict[str, Any]:
     """Tight step loop against the sync thread with a tiny switch interval (the thread is
     preempted between any two bytecodes, which is where a two-read hand-off breaks), until
     ``rounds`` rounds or ``steps`` steps. A hand-off that read the posted delta and the
-    snapshot request apart failed within a few thousand steps here."""
+    snapshot request apart failed within a few thousand steps here. How many rounds a
+    thousand steps see depends on the scheduler (about 6 on 2 idle cores), so the step bound
+    is far above what ``rounds`` needs: it only ends a hand-off that stopped making rounds."""
     import sys
 
     params = [torch.zeros(4)]
