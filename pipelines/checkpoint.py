@@ -51,6 +51,7 @@ logger = logging.getLogger(__name__)
 _STEP_DIR = re.compile(r"step_(\d{8})$")
 MARKER = "COMPLETE"
 QUARANTINE = ".corrupt"
+_SET_ASIDE = re.compile(r"step_\d{8}" + re.escape(QUARANTINE) + r"-\d+$")
 CONFIG = "config.yaml"
 SPEC = "data_spec.json"
 
@@ -248,6 +249,15 @@ def incomplete(root: str) -> list[str]:
         return []
     return sorted(e for e in fs.ls(path, detail=False)
                   if _STEP_DIR.search(e.rstrip("/")) and complete_step(e) is None)
+
+
+def set_aside(root: str) -> list[str]:
+    """Checkpoint folders under ``root`` that :func:`quarantine` renamed aside, oldest step
+    first: proof that ``root`` held checkpoints of this run."""
+    fs, path = _fs_and_path(root)
+    if not fs.exists(path):
+        return []
+    return sorted(e for e in fs.ls(path, detail=False) if _SET_ASIDE.search(e.rstrip("/")))
 
 
 def _marker(ckpt: CheckpointInfo) -> dict[str, Any]:

@@ -45,6 +45,8 @@ from shadowsync.sync.wrapper import (
 )
 
 logger = logging.getLogger("shadowsync.train")
+_FRESH_ON_PURPOSE = ("to train from step 0 on purpose, run with checkpoint.resume=false "
+                     "(or move those folders out of checkpoint.dir)")
 
 
 def _phase(name: str) -> contextlib.AbstractContextManager[object]:
@@ -288,9 +290,18 @@ class Trainer:
         naming the file, and the next older one is tried: losing some steps beats losing the
         run, and the previous checkpoint is kept for this (``checkpoint.keep`` >= 2). With none
         loadable, raises naming the newest. Folders of interrupted writes are named and skipped.
+
+        Never a silent fresh start: while ``dir`` holds checkpoints set aside and none that
+        loads, every launch raises naming them, until the user starts from step 0 on purpose
+        (``checkpoint.resume=false``, which names them in a warning) or moves them away.
         """
         root = self.cfg.checkpoint.dir
-        if root is None or not self.cfg.checkpoint.resume:
+        if root is None:
+            return False
+        if not self.cfg.checkpoint.resume:
+            if self.env.rank == 0 and (aside := checkpoint.set_aside(root)):
+                logger.warning("starting from step 0 (checkpoint.resume=false); %s holds "
+                               "checkpoints set aside as unreadable: %s", root, ", ".join(aside))
             return False
         found = checkpoint.latest(root)
         if self.env.rank == 0:
@@ -304,14 +315,18 @@ class Trainer:
                 return True
             except checkpoint.CheckpointUnreadable as e:
                 if self.env.rank == 0:
-                    aside = checkpoint.quarantine(found)
+                    moved = checkpoint.quarantine(found)
                     logger.warning("%s; %s; trying an older checkpoint", e,
-                                   f"renamed to {aside}" if aside else "left in place")
+                                   f"renamed to {moved}" if moved else "left in place")
             found = checkpoint.latest(root, before=found.step)
-        if newest is not None:
-            raise checkpoint.CheckpointUnreadable(
-                f"no complete checkpoint in {root} loads on every rank (newest: {newest.path})")
-        return False
+        aside = checkpoint.set_aside(root)
+        if newest is None and not aside:
+            return False
+        raise checkpoint.CheckpointUnreadable(
+            f"no complete checkpoint in {root} loads on every rank"
+            + (f" (newest: {newest.path})" if newest else "")
+            + (f"; set aside as unreadable: {', '.join(aside)}" if aside else "")
+            + f"; {_FRESH_ON_PURPOSE}")
 
     def _agree_readable(self, found: checkpoint.CheckpointInfo,
                         error: Exception | None) -> None:

@@ -354,11 +354,16 @@ def _corruption_matrix(rank: int, world_size: int, root: str) -> dict[str, Any]:
             _corrupt(both / f"step_{step:08d}" / "rank_00001.pt", "garbage_middle")
     dist.barrier()
     trainer.cfg.checkpoint.dir = str(both)
-    try:
-        trainer.maybe_resume()
-        outcomes["both"] = "resumed"
-    except checkpoint.CheckpointUnreadable as e:
-        outcomes["both"] = str(e)
+    for launch in ("both", "relaunch"):  # the relaunch finds only the folders set aside
+        try:
+            trainer.maybe_resume()
+            outcomes[launch] = "resumed"
+        except checkpoint.CheckpointUnreadable as e:
+            outcomes[launch] = str(e)
+        dist.barrier()
+    lines.lines.clear()
+    trainer.cfg.checkpoint.resume = False
+    outcomes["fresh"] = {"resumed": trainer.maybe_resume(), "log": list(lines.lines)}
     return outcomes
 
 
@@ -367,7 +372,8 @@ def test_every_corruption_of_every_file_falls_back(world: World) -> None:
     files, the marker) truncated, overwritten at its start, middle or end, or deleted: both
     ranks agree it does not load, name the file, set it aside and resume from the previous
     checkpoint with exactly its state; none loads silently. With every checkpoint corrupt,
-    resuming fails naming the newest."""
+    resuming fails naming the newest, and so does every later launch, naming the folders set
+    aside, until ``checkpoint.resume=false``."""
     results = world.results["corruption"]
     names = results[0]["names"]
     assert {".metadata", "rank_00000.pt", "rank_00001.pt", checkpoint.MARKER} <= set(names)
@@ -394,3 +400,13 @@ def test_every_corruption_of_every_file_falls_back(world: World) -> None:
             if legacy == "False":
                 assert f"step_00000008/{name}: " in log, what
         assert "no complete checkpoint" in r["both"] and "step_00000008" in r["both"], r["both"]
+        # Never a silent fresh start: the same launch again fails naming what was set aside,
+        # until checkpoint.resume=false starts from step 0 on purpose, with a warning.
+        relaunch = r["relaunch"]
+        assert re.search(r"set aside as unreadable: \S+step_00000004\.corrupt-\d+, "
+                         r"\S+step_00000008\.corrupt-\d+", relaunch), relaunch
+        assert "checkpoint.resume=false" in relaunch and "checkpoint.resume=false" in r["both"]
+        assert r["fresh"]["resumed"] is False, r["fresh"]
+    warning = "\n".join(results[0]["fresh"]["log"])
+    assert "starting from step 0 (checkpoint.resume=false)" in warning, warning
+    assert "step_00000004.corrupt-" in warning and "step_00000008.corrupt-" in warning, warning
