@@ -28,7 +28,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import re
 import time
 import warnings
@@ -117,25 +116,6 @@ def latest(root: str, before: int | None = None) -> CheckpointInfo | None:
     the fallback when the newest does not load), or None."""
     steps = [s for s in complete_steps(root) if before is None or s < before]
     return CheckpointInfo(path=step_dir(root, steps[-1]), step=steps[-1]) if steps else None
-
-
-def check_writable(url: str, key: str) -> None:
-    """Creates ``url`` if needed and writes a probe file in it, so that a folder the job cannot
-    write fails at configuration time, naming ``key``; remote URLs are left to the first write.
-
-    Raises:
-        OSError: naming ``key`` and the path.
-    """
-    fs, path = _fs_and_path(url)
-    if "file" not in fs.protocol:
-        return
-    probe = _join(path, f".write-probe-{os.getpid()}")
-    try:
-        fs.makedirs(path, exist_ok=True)
-        fs.touch(probe)
-        fs.rm(probe)
-    except OSError as e:
-        raise OSError(f"{key}: {url} is not writable ({e.strerror or e})") from None
 
 
 def _digest(path: str) -> dict[str, Any]:

@@ -9,14 +9,17 @@ process group starts, with the dotted name of the offending setting::
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import logging
 import os
 import re
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import fsspec
 import yaml
 
 from shadowsync.models.config import DLRMConfig, ModelConfig
@@ -326,6 +329,48 @@ def _config_from_tree(tree: dict[str, Any], overrides: list[str] | None) -> RunC
     cfg.validate()
     _warn_ignored(cfg, keys)
     return cfg
+
+
+def parse_args(argv: list[str] | None = None) -> RunConfig:
+    """The training command line (``[--config F] [k=v ...]``) as a validated config."""
+    parser = argparse.ArgumentParser(
+        prog="python -m shadowsync.pipelines.train",
+        description="Distributed DLRM training: TorchRec model-parallel embeddings, dense "
+                    "replicas kept in step by a pluggable wrapper.")
+    parser.add_argument("--config", help="YAML preset (see pipelines/configs/)")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. sync.strategy.name=ma")
+    args = parser.parse_args(argv)
+    return load_config(args.config, args.overrides)
+
+
+def check_writable(url: str, key: str) -> None:
+    """Checks that a job can create or write the folder ``url``, without creating it: an entry
+    is made and removed in ``url``, or where it does not exist yet, in the nearest folder above
+    it that does. The part from a ``${...}`` macro on (torchx expands them at launch) is not
+    checked; remote URLs are left to the first write.
+
+    Raises:
+        OSError: naming ``key`` and the path.
+    """
+    fs, path = fsspec.core.url_to_fs(url)
+    if "file" not in fs.protocol:
+        return
+    existing = Path(path.split("${", 1)[0] or ".")
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        if not existing.is_dir():
+            raise NotADirectoryError(f"{existing} is not a folder")
+        os.rmdir(tempfile.mkdtemp(prefix=".write-probe-", dir=existing))
+    except OSError as e:
+        raise OSError(f"{key}: {url} is not writable ({e.strerror or e})") from None
+
+
+def check_folders(cfg: RunConfig) -> None:
+    """``output_dir`` and ``checkpoint.dir`` can be written (:func:`check_writable`)."""
+    for key, url in (("output_dir", cfg.output_dir), ("checkpoint.dir", cfg.checkpoint.dir)):
+        if url is not None:
+            check_writable(url, key)
 
 
 def dump_config(cfg: RunConfig) -> str:

@@ -9,7 +9,9 @@ bar shows the same numbers.
 from __future__ import annotations
 
 import datetime
+import json
 import math
+import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -147,3 +149,15 @@ def locations(output_dir: str | None, history: list[dict[str, Any]], last_step: 
     if log_hint is not None:
         where["logs"] = log_hint
     return where
+
+
+def leave_error(line: str, code: int, environ: Mapping[str, str] = os.environ) -> None:
+    """Leaves ``line`` and ``code`` in the error file torchrun (or torchx) gave this process,
+    ``TORCHELASTIC_ERROR_FILE``, in torchelastic's shape: their summaries then show the line
+    (torchx as the job's ``structured_error_msg``) instead of no traceback."""
+    error_file = environ.get("TORCHELASTIC_ERROR_FILE")
+    if error_file:
+        reply = {"message": line, "errorCode": code,
+                 "extraInfo": {"timestamp": str(int(time.time()))}}
+        with open(error_file, "w") as f:
+            json.dump({"message": reply}, f)

@@ -8,7 +8,6 @@ otherwise CPU with gloo.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import sys
@@ -28,8 +27,8 @@ from shadowsync.pipelines.build import (
     local_device,
     plan_ranks,
 )
-from shadowsync.pipelines.config import RunConfig, load_config, save_config
-from shadowsync.pipelines.console import locations, rounded
+from shadowsync.pipelines.config import RunConfig, check_folders, parse_args, save_config
+from shadowsync.pipelines.console import leave_error, locations, rounded
 from shadowsync.pipelines.trainer import Trainer
 
 __all__ = ["DistEnv", "Trainer", "init_distributed", "main", "plan_ranks", "prepare", "run"]
@@ -48,9 +47,7 @@ def prepare(cfg: RunConfig) -> RecDataset:
     """Everything that can be checked before ranks meet: the data set (its files, table sizes)
     and a sharding plan for this launch's world size and device. Raises ``ValueError`` or
     ``OSError`` naming the setting; no process group exists yet, so nothing is left waiting."""
-    for key, url in (("output_dir", cfg.output_dir), ("checkpoint.dir", cfg.checkpoint.dir)):
-        if url is not None:
-            checkpoint.check_writable(url, key)
+    check_folders(cfg)
     dataset = build_dataset(cfg.data.name, **cfg.data.options)
     check_sharding(cfg, dataset.spec, int(os.environ.get("WORLD_SIZE", "1")), local_device()[0])
     return dataset
@@ -78,16 +75,6 @@ def run(cfg: RunConfig, dataset: RecDataset) -> dict[str, Any]:
     return summary
 
 
-def parse_args(argv: list[str] | None = None) -> RunConfig:
-    parser = argparse.ArgumentParser(
-        prog="python -m shadowsync.pipelines.train", description=__doc__.split("\n\n")[0]
-    )
-    parser.add_argument("--config", help="YAML preset (see pipelines/configs/)")
-    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. sync.strategy.name=ma")
-    args = parser.parse_args(argv)
-    return load_config(args.config, args.overrides)
-
-
 @record
 def main(argv: list[str] | None = None) -> int:
     """Exit codes: 0 done, 2 bad configuration, 143 preempted (see :mod:`.faults`); a failure
@@ -100,8 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = parse_args(argv)
         dataset = prepare(cfg)
-    except (ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (ValueError, OSError) as e:  # the same on every rank of a node: printed once
+        line = f"error: {e}"
+        if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+            print(line, file=sys.stderr, flush=True)
+        leave_error(line, 2)
         return 2
     faults.install_sigterm_handler()
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,13 @@ import yaml
 
 from shadowsync.datasets import SyntheticCriteo
 from shadowsync.pipelines.build import check_sharding
-from shadowsync.pipelines.config import PRESET_DIR, config_from_text, load_config, save_config
+from shadowsync.pipelines.config import (
+    PRESET_DIR,
+    check_writable,
+    config_from_text,
+    load_config,
+    save_config,
+)
 from shadowsync.sync.config import BMUFConfig, EASGDConfig, migrate
 
 
@@ -234,3 +241,23 @@ def test_base_presets_inherit_and_cycles_are_refused(tmp_path: Path) -> None:
     loop.write_text(f"base: {loop}\n")
     with pytest.raises(ValueError, match="cycle"):
         load_config(loop)
+
+
+def test_folders_are_checked_for_writing_without_being_made(tmp_path: Path) -> None:
+    """An existing folder, one to be made below it, and one under a torchx macro pass, and none
+    of them is created; a file in the way, and a place that takes no entries (/proc, even for
+    root), fail naming the key and the path."""
+    (tmp_path / "run").mkdir()
+    for url in (tmp_path / "run", tmp_path / "a" / "b", f"{tmp_path}/runs/${{app_id}}/ckpt",
+                f"file://{tmp_path}/c"):
+        check_writable(str(url), "output_dir")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+    assert not any((tmp_path / "run").iterdir())  # the probe is gone
+    (tmp_path / "file").write_text("")
+    bad = {f"{tmp_path}/file/sub": "is not a folder", "/proc/shadowsync_out": "No such file"}
+    for url, reason in bad.items():
+        with pytest.raises(OSError, match=f"^checkpoint.dir: {re.escape(url)} is not writable "
+                                          f"\\(.*{reason}"):
+            check_writable(url, "checkpoint.dir")
+    check_writable("memory://run", "output_dir")  # not a local path: left to the first write
+

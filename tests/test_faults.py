@@ -170,13 +170,29 @@ def test_bad_config_fails_before_any_process_group(
     assert not dist.is_initialized()
 
 
-def test_bad_config_under_torchrun_fails_fast() -> None:
-    job = torchrun(["sharding.types=[table_row_wise]"])
-    assert job.rc != 0
-    assert "error: sharding.types: ['table_row_wise'] need CUDA" in job.log
-    assert "exitcode  : 2" in job.log
-    _report("bad config (row-wise on CPU), torchrun", job, "`error: sharding.types: "
-            "['table_row_wise'] need CUDA ...`, ranks exit 2 before any process group")
+@pytest.mark.parametrize("launcher", [False, True], ids=["torchrun", "launcher"])
+@pytest.mark.parametrize(("override", "line"), [
+    ("sharding.types=[table_row_wise]", "error: sharding.types: ['table_row_wise'] need CUDA"),
+    ("train.bach_size=4", "error: unknown setting train.bach_size"),
+], ids=["ranks' check", "command line"])
+def test_bad_config_fails_fast_in_one_line(override: str, line: str, launcher: bool) -> None:
+    """The error is printed once (by local rank 0, or the launcher before any rank starts).
+    The launcher exits 2 with nothing else for a command line it can check, and with two of
+    torchrun's own log lines for a check only the ranks make; bare torchrun exits 1 (its
+    agent's exit for any failed worker) with its summary, which carries the line."""
+    job = torchrun([override], launcher=launcher)
+    printed = [x for x in job.log.splitlines() if x.startswith("error:")]
+    assert len(printed) == 1 and printed[0].startswith(line), job.log
+    if launcher:
+        assert job.rc == 2 and "Traceback" not in job.log, job.log
+        if override.startswith("train."):
+            assert job.log.strip().startswith(line) and job.log.strip().count("\n") == 0
+    else:
+        assert job.rc == 1 and "exitcode  : 2" in job.log
+        assert f"traceback : {line}" in job.log, job.log
+    how = "launcher" if launcher else "torchrun"
+    _report(f"bad config ({override}), {how}", job, f"`{line} ...` once; "
+            f"{'exit 2, no traceback' if launcher else 'torchrun summary names it'}")
 
 
 # ---------------------------------------------------------------------------------- rank faults

@@ -1,4 +1,5 @@
-"""The launcher's exit: 143 and one line after a clean preemption, torchrun's own otherwise."""
+"""The launcher's exit: 143 and one line after a clean preemption, 2 and one line for a bad
+configuration, torchrun's own otherwise."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from shadowsync.pipelines import launch
 from shadowsync.pipelines.console import LOG_DIR_ENV
 
 
-def _failed(*codes: int) -> ChildFailedError:
-    return ChildFailedError("train", {rank: ProcessFailure(rank, 100 + rank, code, "")
+def _failed(*codes: int, error_file: str = "") -> ChildFailedError:
+    return ChildFailedError("train", {rank: ProcessFailure(rank, 100 + rank, code, error_file)
                                       for rank, code in enumerate(codes)})
 
 
@@ -44,7 +45,7 @@ def test_preemption_exits_143(outcome: BaseException | None, expected: int,
     assert (err.count("preempted:") == 1) == (outcome is not None), err
 
 
-@pytest.mark.parametrize("codes", [(143, 1), (1, 1), (-15, -15), (-9, 1)])
+@pytest.mark.parametrize("codes", [(143, 1), (1, 1), (-15, -15), (-9, 1), (2, 1)])
 def test_any_other_failure_is_torchrun_s(codes: tuple[int, ...],
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     def run(args: Any) -> None:
@@ -97,6 +98,52 @@ def test_a_failed_rank_s_error_is_the_reply(tmp_path: Path,
         launch.main(["-m", "shadowsync.pipelines.train"])
     reply = _reply(tmp_path / "error.json")
     assert reply["message"] == "RuntimeError: rank 1 gave up" and reply["errorCode"] == 1
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("train.bach_size=4", "error: unknown setting train.bach_size"),
+    ("output_dir=/proc/shadowsync_out", "error: output_dir: /proc/shadowsync_out is not writable"),
+])
+def test_a_bad_config_exits_2_in_one_line_before_any_rank(
+    override: str, message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / "error.json"))
+
+    def run(args: Any) -> None:
+        raise AssertionError("ranks were started for a bad configuration")
+
+    monkeypatch.setattr(launch, "run", run)
+    argv = ["--nproc_per_node", "2", "-m", "shadowsync.pipelines.train", "--config", "synthetic"]
+    assert launch.main([*argv, override]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message) and err.count("\n") == 1, err
+    reply = _reply(tmp_path / "error.json")
+    assert reply["message"] == err.strip() and reply["errorCode"] == 2
+
+
+@pytest.mark.parametrize("codes", [(2, 2), (2, -15), (-9, 2)])
+def test_ranks_that_refuse_their_config_end_the_launch_with_2(
+    codes: tuple[int, ...], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A check only the ranks make (the data set, the sharding plan) fails on every rank with
+    exit 2 (torchrun stops the others); the launch ends with 2 and no traceback, leaving the
+    rank's line (which local rank 0 printed) as the reply."""
+    rank_file = tmp_path / "rank.json"
+    line = "error: sharding.types: ['table_row_wise'] need CUDA"
+    rank_file.write_text(json.dumps({"message": {
+        "message": line, "errorCode": 2, "extraInfo": {"timestamp": "1"}}}))
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / "error.json"))
+
+    def run(args: Any) -> None:
+        raise _failed(*codes, error_file=str(rank_file))
+
+    monkeypatch.setattr(launch, "run", run)
+    assert launch.main(["-m", "shadowsync.pipelines.train"]) == 2
+    assert capsys.readouterr().err == ""
+    reply = _reply(tmp_path / "error.json")
+    assert reply["message"] == line and reply["errorCode"] == 2
 
 
 @pytest.mark.parametrize(("job", "named"), [

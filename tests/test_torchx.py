@@ -200,6 +200,23 @@ def test_submit_check_opens_the_data_set_and_plans_for_the_job(
         train(config="synthetic", check="some")
 
 
+@pytest.mark.parametrize("override", [
+    "output_dir=/proc/shadowsync_out", "checkpoint.dir=/proc/${app_id}/ckpt",
+])
+def test_submit_check_refuses_a_folder_the_job_cannot_write(
+    override: str, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """/proc takes no new entries, even from root; ``${app_id}`` is torchx's, expanded at
+    launch, so the folder above it is what is checked."""
+    with pytest.raises(ValueError) as caught:
+        train(override, config="synthetic")
+    assert caught.value.code == 2  # type: ignore[attr-defined]
+    key, _, url = override.partition("=")
+    reason = "(No such file or directory)"
+    assert capsys.readouterr().err == f"error: {key}: {url} is not writable {reason}\n"
+    assert train(override, config="synthetic", check="config").roles
+
+
 def test_torchx_run_refuses_a_bad_setting_in_one_line(tmp_path: Path) -> None:
     """The README's promise: a bad key fails before any process starts, with exit code 2."""
     logs = tmp_path / "logs"

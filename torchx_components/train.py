@@ -14,7 +14,7 @@ from typing import Dict, List, Optional
 import torchx.specs as specs
 from torchx.components.dist import ddp, parse_nnodes
 
-from shadowsync.pipelines.config import DEFAULT_PRESET, load_config
+from shadowsync.pipelines.config import DEFAULT_PRESET, check_folders, load_config
 
 DEFAULT_IMAGE = "shadowsync:latest"
 _SHADOWSYNC_CHECKS = ("all", "config", "none")
@@ -27,8 +27,9 @@ class _ShadowsyncRejected(SystemExit, ValueError):
 
 def _shadowsync_check(check: str, config: str, overrides: list[str], j: str, gpu: int) -> None:
     """Checks the run in this process before anything is submitted (every rank checks again):
-    ``config`` loads and validates the config, ``all`` also opens its data set and plans the
-    sharding for ``j`` ranks on CPU or GPU, as the job will. A bad setting prints one
+    ``config`` loads and validates the config, ``all`` also checks that ``output_dir`` and
+    ``checkpoint.dir`` can be written, opens its data set and plans the sharding for ``j``
+    ranks on CPU or GPU, as the job will. A bad setting prints one
     ``error: ...`` line naming it and raises :class:`_ShadowsyncRejected`."""
     if check not in _SHADOWSYNC_CHECKS:
         raise ValueError(f"check={check!r}: expected one of {list(_SHADOWSYNC_CHECKS)}")
@@ -37,6 +38,7 @@ def _shadowsync_check(check: str, config: str, overrides: list[str], j: str, gpu
     try:
         cfg = load_config(config, overrides)
         if check == "all":
+            check_folders(cfg)
             # torchx shows INFO, where fbgemm logs every library it loads and TorchRec's planner
             # its search: the job's own log (rank 0) prints the plan
             logging.disable(logging.INFO)
@@ -147,10 +149,11 @@ def train(
         rdzv_port: port of the c10d rendezvous store on the first node (multi-node runs only)
         mounts: scheduler mounts, e.g. type=volume,src=PVC,dst=/mnt/shared for Kubernetes
         m: the entry module (another ShadowSync entry point taking the same arguments)
-        check: what to check here before submitting: ``all`` (the config, its data set and
-            the sharding plan for ``j`` and ``gpu``; for data this machine reads, as with
-            local_cwd), ``config`` (data only the cluster reads) or ``none`` (a config file
-            only the image holds)
+        check: what to check here before submitting: ``all`` (the config, that its
+            folders can be written, its data set and the sharding plan for ``j`` and ``gpu``;
+            for folders and data this machine reads, as with local_cwd), ``config``
+            (folders and data only the cluster reads) or ``none`` (a config file only the
+            image holds)
     """
     _shadowsync_check(check, config, list(overrides), j, gpu)
     return _shadowsync_ddp(
