@@ -112,7 +112,7 @@ class TrainConfig:
 
     Every rank beats every ``heartbeat_s`` in the job's store; a peer process silent for
     ``heartbeat_timeout_s`` (killed, stopped, hung) ends the job naming it, however long
-    ``pg_timeout_s`` is (see :class:`~shadowsync.pipelines.faults.Heartbeat`).
+    ``pg_timeout_s`` is (see :class:`~shadowsync.pipelines.fault_domain.Heartbeat`).
 
     Python's automatic garbage collector is off while training: every ``gc_every_steps``
     steps every rank collects the young generations at the same step, so that no rank's

@@ -151,13 +151,16 @@ def locations(output_dir: str | None, history: list[dict[str, Any]], last_step: 
     return where
 
 
-def leave_error(line: str, code: int, environ: Mapping[str, str] = os.environ) -> None:
+def leave_error(line: str, code: int, *, timestamp: int | None = None,
+                error_file: str | None = None) -> None:
     """Leaves ``line`` and ``code`` in the error file torchrun (or torchx) gave this process,
-    ``TORCHELASTIC_ERROR_FILE``, in torchelastic's shape: their summaries then show the line
-    (torchx as the job's ``structured_error_msg``) instead of no traceback."""
-    error_file = environ.get("TORCHELASTIC_ERROR_FILE")
+    ``TORCHELASTIC_ERROR_FILE`` (or in ``error_file``), in torchelastic's shape: their
+    summaries then show the line (torchx as the job's ``structured_error_msg``) instead of no
+    traceback. ``timestamp`` (whole seconds, default now) is what torchrun orders failures by
+    for its "Root Cause"."""
+    error_file = error_file or os.environ.get("TORCHELASTIC_ERROR_FILE")
     if error_file:
-        reply = {"message": line, "errorCode": code,
-                 "extraInfo": {"timestamp": str(int(time.time()))}}
+        stamp = int(time.time()) if timestamp is None else timestamp
+        reply = {"message": line, "errorCode": code, "extraInfo": {"timestamp": str(stamp)}}
         with open(error_file, "w") as f:
             json.dump({"message": reply}, f)

@@ -1,5 +1,6 @@
-"""How a training process meets faults: preemption by SIGTERM, ranks that must agree on stopping
-or degrading, and failures reported with the rank that had them.
+"""What a training process's faults are: the exceptions that say who failed, ranks agreeing on
+local facts (:class:`Control`), and runs that go non-finite (:class:`FiniteWatch`). Where a
+failure is found, decided and reported is :mod:`.fault_domain`.
 
 Exit codes of ``python -m shadowsync.pipelines.train``:
 
@@ -21,114 +22,28 @@ code  meaning
 
 from __future__ import annotations
 
-import logging
-import os
 import signal
-import socket
-import sys
-import threading
-import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from types import FrameType
-from typing import Any, NoReturn
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
-from shadowsync.pipelines import checkpoint
 from shadowsync.sync.runner import PeerAborted
 
-__all__ = ["FAILURES", "PREEMPTED_EXIT_CODE", "Control", "FiniteWatch", "Heartbeat",
-           "NonFiniteValue", "PeerFailed", "PeerNonFinite", "attribute_failure", "claim_failure",
-           "failure_message", "install_sigterm_handler",
-           "is_consequence", "non_finite_message", "raise_if_non_finite", "stop_requested"]
-
-logger = logging.getLogger(__name__)
+__all__ = ["FAILURES", "PREEMPTED_EXIT_CODE", "Control", "FiniteWatch", "NonFiniteValue",
+           "PeerFailed", "PeerNonFinite", "is_consequence", "non_finite_message",
+           "raise_if_non_finite"]
 
 PREEMPTED_EXIT_CODE = 128 + signal.SIGTERM
 # What a rank's failure may be: PyTorch's CheckpointException derives from BaseException.
 FAILURES: tuple[type[BaseException], ...] = (Exception, CheckpointException)
-_STORE_TIMEOUT_S = 3.0
-_stop_signal: int | None = None
-
-
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    """Only records the request: the training loop stops at a step boundary all ranks agree
-    on. A second SIGTERM kills at once (the default action is back in place)."""
-    global _stop_signal
-    del frame
-    _stop_signal = signum
-    signal.signal(signum, signal.SIG_DFL)
-
-
-def install_sigterm_handler() -> None:
-    """Turns SIGTERM (Slurm, Kubernetes, and torchrun passing on its own) into a stop request.
-
-    The grace the sender gives (torchrun's ``--shutdown_timeout``, Kubernetes'
-    ``terminationGracePeriodSeconds``, Slurm's ``KillWait``; 30 s by default for all three)
-    must cover one training step, the final synchronization and one checkpoint write.
-    """
-    signal.signal(signal.SIGTERM, _on_sigterm)
-
-
-def stop_requested() -> bool:
-    """Whether SIGTERM reached this process (only after :func:`install_sigterm_handler`)."""
-    return _stop_signal is not None
 
 
 class PeerFailed(RuntimeError):
     """This rank stopped because another rank failed first (the message names it)."""
-
-
-def _rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
-
-
-def failure_message(exc: BaseException) -> str:
-    what = (checkpoint.describe(exc) if isinstance(exc, CheckpointException)
-            else f"{type(exc).__name__}: {exc}")
-    return f"rank {_rank()} failed: {what}"
-
-
-def _job_store(kind: str, timeout_s: float = _STORE_TIMEOUT_S) -> dist.Store | None:
-    """The job's key-value store (torchrun's agent store, or rank 0's), reached afresh: a
-    failing rank cannot trust its process groups. None when unreachable."""
-    try:
-        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                              is_master=False, timeout=timedelta(seconds=timeout_s))
-    except (KeyError, ValueError, RuntimeError):
-        return None
-    attempt = (f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}/"
-               f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}")
-    return dist.PrefixStore(f"shadowsync/{kind}/{attempt}/", store)
-
-
-def _claim(store: dist.Store, message: str, rank: int | None = None) -> bool:
-    """Posts ``message`` as the job's first failure, that of ``rank`` (default: this one),
-    unless one was posted."""
-    if store.add("count", 1) != 1:
-        return False
-    store.set("first_rank", str(_rank() if rank is None else rank))
-    store.set("first", message)
-    return True
-
-
-def claim_failure(exc: BaseException) -> None:
-    """Posts ``exc`` as the job's first failure where it happens (the synchronizer's thread
-    calls it for its own failures), before peers learn of it and break off: a peer that then
-    fails reports it, even while this rank's training thread is still in a collective. A
-    failure that a killed or stopped peer caused (its collective broke) names that peer, as in
-    :func:`attribute_failure`."""
-    store = _job_store("failure")
-    try:
-        if store is None or store.check(["first"]):
-            return
-        _claim(store, *_cause(exc, "its synchronizer"))
-    except RuntimeError:
-        pass  # no store: torchrun's summary is left to name the rank
 
 
 def is_consequence(exc: BaseException | None) -> bool:
@@ -141,221 +56,6 @@ def is_consequence(exc: BaseException | None) -> bool:
         seen.add(id(exc))
         exc = exc.__cause__
     return False
-
-
-def attribute_failure(exc: BaseException) -> BaseException:
-    """``exc`` if this rank failed first; else a :class:`PeerFailed` naming the rank that did.
-
-    The first failing rank posts its message in the job's store before it exits, so a peer
-    that fails next (its collective broke when that rank left) reports the cause, not the
-    symptom. torchrun's "Root Cause" picks the earliest error file by the second, which is
-    often the peer's: this keeps it right. A rank whose error already says a peer failed
-    (:class:`~shadowsync.sync.runner.PeerAborted`) never posts; it waits for the peer's post.
-    A rank killed or stopped outright posts nothing: before claiming the cause, a rank asks
-    the :class:`Heartbeat` whether every peer still lives, and names the one that does not.
-    """
-    if _heartbeat is not None:
-        _heartbeat.mark_failing()  # alive and reporting: peers must not take this rank for silent
-    store = _job_store("failure")
-    if store is None:
-        return exc
-    try:
-        if store.check(["first_rank"]) and store.get("first_rank").decode() == str(_rank()):
-            return exc  # this rank posted it already (see claim_failure)
-        if not is_consequence(exc) and not store.check(["first"]):
-            first, blamed = _cause(exc, "it")
-            if _claim(store, first, blamed):
-                return PeerFailed(first) if blamed is not None else exc
-        store.wait(["first"], timedelta(seconds=_STORE_TIMEOUT_S))
-        first = store.get("first").decode()
-    except RuntimeError:  # no post in time, or the store went away with the rank hosting it
-        return exc
-    return PeerFailed(f"{first} (then here: {type(exc).__name__}: {exc})")
-
-
-def _cause(exc: BaseException, who: str) -> tuple[str, int | None]:
-    """What this rank posts as the first failure for ``exc``, and the rank it blames (None:
-    this one): a peer the heartbeat finds silent, whose death ``exc`` then only shows, else
-    ``exc`` itself."""
-    silent = _heartbeat.silent_peers() if _heartbeat is not None else []
-    if not silent:
-        return failure_message(exc), None
-    return _silent_message(silent, f"found by rank {_rank()} when {who} failed with "
-                                   f"{type(exc).__name__}: {exc}"), silent[0]
-
-
-def _silent_message(ranks: list[int], how: str) -> str:
-    who = ", ".join(map(str, ranks))
-    return (f"rank {who} failed: stopped responding (no heartbeat: killed, stopped or hung; "
-            f"{how})")
-
-
-_heartbeat: Heartbeat | None = None
-
-
-def _beats(store: dist.Store, rank: int) -> int:
-    """``rank``'s heartbeat counter."""
-    return int(store.add(f"alive/{rank}", 0))
-
-
-def _finished(store: dist.Store, rank: int) -> bool:
-    """Whether ``rank`` said it stops beating on purpose (done, or failing and reporting)."""
-    return bool(store.check([f"done/{rank}"]))
-
-
-class Heartbeat:
-    """Finds a peer process that died or stopped, in seconds, without waiting for a collective
-    to time out, and names it.
-
-    A daemon thread adds 1 to this rank's counter in the job's store every ``interval_s`` and
-    watches the next rank's counter (a ring: the store serves O(world size) requests a beat).
-    A peer whose counter has not moved for ``timeout_s`` and that has not said it finished
-    (killed, stopped by SIGSTOP, or its interpreter hung) makes this rank post ``rank P
-    failed: stopped responding ...`` as the job's first failure, write it to torchrun's error
-    file and exit 1 at once (its training thread may sit in a collective with that peer until
-    ``train.pg_timeout_s``); every other rank's thread sees the post within a beat and does
-    the same. The rank that found the silent peer kills it if it runs on the same host (a
-    stopped process ignores SIGTERM, and torchrun would wait its 30 s grace before SIGKILL);
-    so the job ends within ``timeout_s`` plus about two beats (on another host the launcher
-    kills the silent process after its grace).
-
-    When a rank's training thread fails, :func:`attribute_failure` uses :meth:`silent_peers`
-    (about three beats) to blame a peer that was killed rather than claim the cause itself, and
-    first marks its own rank as failing, so that no peer takes it for silent once it exits; the
-    synchronizer's thread does the same check for its own failures (:func:`claim_failure`).
-    Without torchrun the store lives in rank 0's process: a store silent for ``timeout_s``
-    then names rank 0. A training thread hung in a live process is the collective timeout's
-    to catch.
-
-    Example::
-
-        Heartbeat.start(interval_s=1.0, timeout_s=30.0)   # after init_process_group
-        ...                                               # train
-        Heartbeat.stop()                                  # a clean end: peers stop watching
-    """
-
-    def __init__(self, interval_s: float, timeout_s: float) -> None:
-        """``timeout_s`` >= 3 ``interval_s`` > 0 (``train.heartbeat_*``, checked with the
-        config)."""
-        self.interval_s, self.timeout_s = interval_s, timeout_s
-        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        store = _job_store("heartbeat", timeout_s=max(2 * interval_s, 1.0))
-        if store is None:
-            raise RuntimeError("heartbeat: the job's store (MASTER_ADDR:MASTER_PORT) is "
-                               "unreachable")
-        self.store = store
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="shadowsync-heartbeat",
-                                        daemon=True)
-
-    @classmethod
-    def start(cls, interval_s: float, timeout_s: float) -> Heartbeat | None:
-        """Starts this process's heartbeat (the one :func:`attribute_failure` asks); None in a
-        world of one."""
-        global _heartbeat
-        if dist.get_world_size() == 1:
-            return None
-        _heartbeat = cls(interval_s, timeout_s)
-        _heartbeat.store.set(f"pid/{_heartbeat.rank}", f"{socket.gethostname()} {os.getpid()}")
-        _heartbeat.store.add(f"alive/{_heartbeat.rank}", 1)
-        _heartbeat._thread.start()
-        return _heartbeat
-
-    @staticmethod
-    def stop() -> None:
-        """Says this rank finished (peers stop watching it) and stops the thread."""
-        global _heartbeat
-        beat, _heartbeat = _heartbeat, None
-        if beat is None:
-            return
-        beat._stop.set()
-        beat._thread.join()
-        try:
-            beat.store.set(f"done/{beat.rank}", "1")
-        except RuntimeError:
-            pass  # the store is gone: so is the job
-
-    def mark_failing(self) -> None:
-        """Tells peers that this rank stops on a failure it reports itself (it may exit before
-        their check), so they never report it as silent."""
-        store = _job_store("heartbeat")  # its own connection: the beat's thread has one
-        try:
-            if store is not None:
-                store.set(f"done/{self.rank}", "failing")
-        except RuntimeError:
-            pass  # the store is gone: so is the job
-
-    def silent_peers(self) -> list[int]:
-        """The peers whose counter does not move within three beats and that did not finish
-        (empty when the store cannot be reached: no one to blame)."""
-        peers = [r for r in range(self.world_size) if r != self.rank]
-        store = _job_store("heartbeat")  # its own connection: any thread may ask
-        if store is None:
-            return []
-        try:
-            seen = {r: _beats(store, r) for r in peers}
-            deadline = time.monotonic() + 3 * self.interval_s
-            while peers and time.monotonic() < deadline:
-                time.sleep(self.interval_s / 4)
-                peers = [r for r in peers
-                         if _beats(store, r) == seen[r] and not _finished(store, r)]
-        except RuntimeError:
-            return []
-        return peers
-
-    def _run(self) -> None:
-        peer = (self.rank + 1) % self.world_size
-        seen, moved = -1, time.monotonic()
-        reached = moved
-        while not self._stop.wait(self.interval_s):
-            now = time.monotonic()
-            try:
-                self.store.add(f"alive/{self.rank}", 1)
-                count = _beats(self.store, peer)
-                if self.store.check(["silent"]):
-                    self._die(self.store.get("silent").decode())
-                if count != seen or _finished(self.store, peer):
-                    seen, moved = count, now
-                reached = now
-            except RuntimeError:  # the store did not answer
-                if now - reached > self.timeout_s:
-                    self._die(self._store_lost(now - reached))
-                continue
-            if now - moved > self.timeout_s:
-                message = _silent_message([peer], f"found by rank {self.rank}: its heartbeat "
-                                          f"stopped {now - moved:.0f} s ago")
-                self.store.set("silent", message)
-                failures = _job_store("failure")
-                if failures is not None:
-                    _claim(failures, message, peer)
-                self._kill_if_local(peer)
-                self._die(message)
-
-    def _kill_if_local(self, rank: int) -> None:
-        """SIGKILL to ``rank``'s process if it runs on this host (it is silent, so no longer
-        part of the job)."""
-        try:
-            host, pid = self.store.get(f"pid/{rank}").decode().split()
-            if host == socket.gethostname():
-                os.kill(int(pid), signal.SIGKILL)
-        except (RuntimeError, ValueError, OSError):
-            pass  # gone already, or elsewhere: the launcher's to end
-
-    def _store_lost(self, silent_s: float) -> str:
-        if "TORCHELASTIC_RUN_ID" in os.environ:
-            return (f"the job's store (torchrun's agent) has not answered for {silent_s:.0f} s "
-                    f"(found by rank {self.rank})")
-        return _silent_message([0], f"its process hosts the job's store, which has not "
-                                    f"answered rank {self.rank} for {silent_s:.0f} s")
-
-    def _die(self, message: str) -> NoReturn:
-        """Ends this process now: its training thread may be stuck with the silent peer."""
-        exc = PeerFailed(message)
-        logger.error(failure_message(exc))
-        ErrorHandler().record_exception(exc)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)
 
 
 class Control:

@@ -1,11 +1,12 @@
-"""torchrun, with an exit a scheduler can read after a preemption.
+"""torchrun, with exits a scheduler can read: after a preemption, a bad config, a failure.
 
 torchrun exits 1 whenever a worker exits non-zero, so a preemption every rank handled cleanly
 (each exits 143 after writing its checkpoint) reads as a failure, after a ``ChildFailedError``
 traceback; and SIGTERM to torchrun itself (Slurm, Kubernetes) ends in a ``SignalException``
 traceback once the workers have stopped. This runs torchrun's own ``run()`` with the same
-arguments and turns exactly those two outcomes into one line and exit 143 (128 + the signal);
-every other outcome is torchrun's, unchanged. The torchx components launch through it.
+arguments and turns exactly those two outcomes into one line and exit 143 (128 + the signal).
+Any other failure ends with torchrun's summary and exit 1, without the traceback of torchrun's
+own ``raise`` under it. The torchx components launch through it.
 
 A bad configuration exits 2 after one ``error:`` line, as ``python -m
 shadowsync.pipelines.train`` alone does: the training command line and its folders are checked
@@ -34,7 +35,9 @@ from collections.abc import MutableMapping
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import (
+    _NOT_AVAILABLE,
     ChildFailedError,
+    ErrorHandler,
     ProcessFailure,
     record,
 )
@@ -84,6 +87,19 @@ def _config_error(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _failed(e: ChildFailedError) -> int:
+    """torchrun's summary of a failed job, without the traceback of its own ``raise`` (the
+    summary already names the ranks); the first failure's error file becomes the launcher's,
+    as ``@record`` does."""
+    _, first = e.get_first_failure()
+    if first.error_file != _NOT_AVAILABLE:
+        ErrorHandler().dump_error_file(first.error_file, first.exitcode)
+    else:
+        leave_error(_message(first), 1)
+    print(e.format_msg(), file=sys.stderr, flush=True)
+    return 1
+
+
 def _message(failure: ProcessFailure) -> str:
     message = failure.message
     return str(message.get("message", "")) if isinstance(message, dict) else str(message)
@@ -107,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         # checkpoint's last barrier; torchrun then stops the others with SIGTERM (SIGKILL after
         # its grace), so those deaths, beside a 143, end a completed preemption too.
         if PREEMPTED_EXIT_CODE not in codes or not codes <= _AFTER_PREEMPTION:
-            raise
+            return _failed(e)
         return _ends(f"preempted: every worker stopped after the same step and "
                           f"checkpointed (exit {PREEMPTED_EXIT_CODE}); {_RESUME}",
                           PREEMPTED_EXIT_CODE)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import traceback
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -29,6 +28,7 @@ from shadowsync.pipelines.build import (
 )
 from shadowsync.pipelines.config import RunConfig, check_folders, parse_args, save_config
 from shadowsync.pipelines.console import leave_error, locations, rounded
+from shadowsync.pipelines.fault_domain import FaultDomain
 from shadowsync.pipelines.trainer import Trainer
 
 __all__ = ["DistEnv", "Trainer", "init_distributed", "main", "plan_ranks", "prepare", "run"]
@@ -53,22 +53,25 @@ def prepare(cfg: RunConfig) -> RecDataset:
     return dataset
 
 
-def run(cfg: RunConfig, dataset: RecDataset) -> dict[str, Any]:
-    """Trains with ``cfg`` in the current process group; returns the final summary."""
+def run(cfg: RunConfig, dataset: RecDataset, domain: FaultDomain | None = None,
+        ) -> dict[str, Any]:
+    """Trains with ``cfg`` in a new process group; returns the final summary. ``domain``: the
+    process's fault domain (a new one, without a SIGTERM handler, by default)."""
+    domain = FaultDomain() if domain is None else domain
     env = init_distributed(cfg.train.pg_timeout_s)
-    faults.Heartbeat.start(cfg.train.heartbeat_s, cfg.train.heartbeat_timeout_s)
+    domain.start_heartbeat(cfg.train.heartbeat_s, cfg.train.heartbeat_timeout_s)
     if env.rank == 0:
         logger.info("%s; world %d on %s (%s)", dataset.describe(), env.world_size, env.device,
                     env.backend)
         if cfg.output_dir:
             Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
             save_config(cfg, Path(cfg.output_dir) / "config.yaml")
-    with Trainer(cfg, env, dataset) as trainer:
+    with Trainer(cfg, env, dataset, domain=domain) as trainer:
         if env.rank == 0:
             logger.info("sharding plan:\n%s", trainer.plan)
         trainer.maybe_resume()
         summary = trainer.train()
-    faults.Heartbeat.stop()
+    domain.finish()
     if env.rank == 0:
         where = locations(cfg.output_dir, trainer.history, summary["step"], os.environ)
         print(_summary_table({**summary, **where}), flush=True)
@@ -77,9 +80,9 @@ def run(cfg: RunConfig, dataset: RecDataset) -> dict[str, Any]:
 
 @record
 def main(argv: list[str] | None = None) -> int:
-    """Exit codes: 0 done, 2 bad configuration, 143 preempted (see :mod:`.faults`); a failure
-    raises, after logging ``rank N failed: ...`` (``@record`` hands it to torchrun's summary).
-    """
+    """Exit codes: 0 done, 1 failed (reported by the :class:`~.fault_domain.FaultDomain`: one
+    ``rank N failed: ...`` line and torchrun's error file), 2 bad configuration, 143 preempted
+    (see :mod:`.faults`). ``@record`` reports anything else that escapes."""
     # TorchRec logs every pipeline refill at INFO on every rank; keep ours, quiet theirs.
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s",
                         stream=sys.stdout, force=True)
@@ -93,15 +96,12 @@ def main(argv: list[str] | None = None) -> int:
             print(line, file=sys.stderr, flush=True)
         leave_error(line, 2)
         return 2
-    faults.install_sigterm_handler()
+    domain = FaultDomain()
+    domain.install_sigterm_handler()
     try:
-        summary = run(cfg, dataset)
+        summary = run(cfg, dataset, domain)
     except faults.FAILURES as e:  # no destroy_process_group(): it could wait on a peer gone
-        cause = faults.attribute_failure(e)
-        logger.error(faults.failure_message(cause))
-        if cause is e:
-            raise
-        raise cause from e
+        return domain.fail(e)
     dist.destroy_process_group()
     if not summary.get("preempted"):
         return 0
@@ -115,15 +115,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cli() -> NoReturn:
-    """The process entry point: exits with :func:`main`'s code, or with 1 at once on a failure.
+    """The process entry point: exits with :func:`main`'s code, at once on a failure.
 
     After a failure a synchronizer thread may still sit in a collective with a dead peer, and
-    interpreter teardown could wait for it; ``@record`` already wrote the error file.
+    interpreter teardown could wait for it; the fault domain already reported it.
     """
-    try:
-        code = main()
-    except faults.FAILURES:
-        traceback.print_exc()
+    code = main()
+    if code == 1:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(1)

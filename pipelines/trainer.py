@@ -34,6 +34,7 @@ from shadowsync.pipelines.build import (
 from shadowsync.pipelines.collector import StepCollector
 from shadowsync.pipelines.config import RunConfig, dump_config
 from shadowsync.pipelines.console import ConsoleLog, planned_steps
+from shadowsync.pipelines.fault_domain import FaultDomain
 from shadowsync.pipelines.metrics import TrainingMetrics, gather_metrics
 from shadowsync.pipelines.position import DataPosition
 from shadowsync.sync.runner import SyncError
@@ -75,8 +76,8 @@ class Trainer:
     since the last, and all ranks derive the next check's step from the same table), the
     ranks agree (:class:`~.faults.Control`) on
     whether to degrade a failed synchronizer and whether to stop: once SIGTERM reached any rank
-    (see :func:`~.faults.install_sigterm_handler`), every rank stops after the same step,
-    finishes the synchronizer, writes a checkpoint and returns a summary with
+    (see :meth:`~.fault_domain.FaultDomain.install_sigterm_handler`), every rank stops after
+    the same step, finishes the synchronizer, writes a checkpoint and returns a summary with
     ``preempted: True`` (no final evaluation).
 
     A run that goes non-finite fails (:class:`~.faults.NonFiniteValue`, naming the step, the
@@ -100,14 +101,18 @@ class Trainer:
     """
 
     def __init__(self, cfg: RunConfig, env: DistEnv, dataset: RecDataset,
-                 wrapper: LocalReplicas | DDPReplicas | None = None) -> None:
+                 wrapper: LocalReplicas | DDPReplicas | None = None,
+                 domain: FaultDomain | None = None) -> None:
         """``wrapper``: the data-parallel wrapper to train with instead of the one ``sync.*``
-        names (``build_replica_wrapper(cfg.sync)``), e.g. a benchmark's."""
+        names (``build_replica_wrapper(cfg.sync)``), e.g. a benchmark's. ``domain``: the
+        process's fault domain, which the synchronizer reports to and whose stop requests the
+        ranks agree on (a new one, without a SIGTERM handler, by default)."""
         self.cfg = cfg
         self.env = env
         self.dataset = dataset
+        self.domain = FaultDomain() if domain is None else domain
         self.wrapper = build_replica_wrapper(cfg.sync) if wrapper is None else wrapper
-        self.wrapper.failure_hook = faults.claim_failure
+        self.wrapper.failure_hook = self.domain.claim
         self.dmp, self.plan = build_sharded_model(cfg, dataset.spec, env, self.wrapper)
         self.optimizer = build_optimizer(cfg, self.dmp)
         self.pipeline = TrainPipelineSparseDist(self.dmp, self.optimizer, env.device)
@@ -431,7 +436,7 @@ class Trainer:
                 return True
         # The optimizer's state (a full read of it) only where it must be known: not at every
         # periodic check, since what it finds stays until the next record.
-        values = [faults.stop_requested(), self.wrapper.failed(),
+        values = [self.domain.stop_requested(), self.wrapper.failed(),
                   *self.watch.first_steps(self.step if now else None), self._pace()]
         if now:
             return self._act_on_control(self.step, self.control.exchange(values))

@@ -178,8 +178,8 @@ class _Poisoned:
 def _nan_data(rank: int, n: int, kind: str) -> None:
     init = Trainer.__init__
 
-    def patched(self: Trainer, cfg: Any, env: Any, dataset: Any) -> None:
-        init(self, cfg, env, _Poisoned(dataset, rank, kind, n))
+    def patched(self: Trainer, cfg: Any, env: Any, dataset: Any, **kwargs: Any) -> None:
+        init(self, cfg, env, _Poisoned(dataset, rank, kind, n), **kwargs)
 
     Trainer.__init__ = patched  # type: ignore[method-assign]
 

@@ -91,6 +91,7 @@ def _job_store_env() -> None:
 def _ablations(rank: int, world_size: int) -> dict[str, dict[str, Any]]:
     from shadowsync.pipelines import faults
     from shadowsync.pipelines.build import init_distributed
+    from shadowsync.pipelines.fault_domain import FaultDomain
     from shadowsync.pipelines.metrics import TrainingMetrics
     from shadowsync.pipelines.trainer import Trainer
     from tests._dist import SMALL
@@ -100,7 +101,7 @@ def _ablations(rank: int, world_size: int) -> dict[str, dict[str, Any]]:
     _job_store_env()
     seen: dict[str, Any] = {}
     observe, start_compute = faults.FiniteWatch.observe, TrainingMetrics.start_compute
-    agree, beat = Trainer._agree_to_stop, faults.Heartbeat.start.__func__
+    agree, beat = Trainer._agree_to_stop, FaultDomain.start_heartbeat
 
     def count(key: str, fn: Any) -> Any:
         def counted(*args: Any, **kwargs: Any) -> Any:
@@ -108,14 +109,14 @@ def _ablations(rank: int, world_size: int) -> dict[str, dict[str, Any]]:
             return fn(*args, **kwargs)
         return counted
 
-    def started(cls: Any, interval_s: float, timeout_s: float) -> Any:
+    def started(self: FaultDomain, interval_s: float, timeout_s: float) -> None:
         seen["heartbeat_s"] = interval_s
-        return beat(cls, interval_s, timeout_s)
+        beat(self, interval_s, timeout_s)
 
     faults.FiniteWatch.observe = count("observed", observe)
     TrainingMetrics.start_compute = count("records", start_compute)
     Trainer._agree_to_stop = count("periodic", agree)
-    faults.Heartbeat.start = classmethod(started)
+    FaultDomain.start_heartbeat = started  # type: ignore[method-assign]
     out = {}
     try:
         for name in bench.ABLATIONS:
@@ -127,7 +128,7 @@ def _ablations(rank: int, world_size: int) -> dict[str, dict[str, Any]]:
     finally:
         faults.FiniteWatch.observe, TrainingMetrics.start_compute = observe, start_compute
         Trainer._agree_to_stop = agree
-        faults.Heartbeat.start = classmethod(beat)
+        FaultDomain.start_heartbeat = beat  # type: ignore[method-assign]
     return out
 
 

@@ -118,14 +118,6 @@ def _report(case: str, job: Job, message: str, fault_to_exit: float | None = Non
     print(f"\n| {case} | {job.wall_s:.1f} | {react} | {job.rc} | {message} |")
 
 
-def _root_cause_is_rank_1(log: str) -> bool:
-    """torchrun's "Root Cause" is rank 1's own error, or rank 0's naming rank 1 (the error
-    files' timestamps are whole seconds, so either may come first)."""
-    root_cause = log[log.index("Root Cause"):]
-    return bool(re.search(r"rank\s+: 1 \(local_rank: 1\)", root_cause)
-                or "PeerFailed: rank 1 failed" in root_cause)
-
-
 def _assert_loadable(root: Path, step: int) -> None:
     """The newest complete checkpoint is ``step`` and its per-rank files load safely."""
     found = checkpoint.latest(str(root))
@@ -202,7 +194,7 @@ def test_raising_rank_fails_every_rank_naming_it(tmp_path: Path) -> None:
     assert job.rc == 1
     assert "rank 1 failed: RuntimeError: injected failure" in job.log
     assert "rank 0 failed: PeerFailed: rank 1 failed: RuntimeError: injected failure" in job.log
-    assert _root_cause_is_rank_1(job.log)
+    assert _root_cause(job.log) == 1 and "rank 1 failed: PeerFailed" not in job.log
     assert job.since_fault() < EXIT_BOUND_S
     _assert_loadable(tmp_path, 20)
     _report("rank 1 raises at step 25, torchrun", job, "`rank 1 failed: RuntimeError: ...`; "
@@ -247,23 +239,43 @@ def _torchx(tmp_path: Path, fault: str, overrides: list[str],
     return status.state, Job(1, log, time.monotonic() - began, end)
 
 
-# Pairwise: each launcher, signal and victim meets each value of the other two once (half
-# the jobs of every combination; each job is mostly two ranks' start-up).
+def _root_cause(log: str) -> int:
+    """The rank torchrun's summary names as the "Root Cause"."""
+    m = re.search(r"Root Cause.*?rank\s+: (\d+)", log, re.S)
+    assert m, log[-3000:]
+    return int(m.group(1))
+
+
+# Pairwise: each of torchrun and torchx, signal and victim meets each value of the other two
+# once (half the jobs of every combination; each job is mostly two ranks' start-up); and the
+# launcher, for its console.
 @pytest.mark.parametrize(("launcher", "kind", "victim"), [
-    ("torchrun", "kill", 1), ("torchrun", "sigstop", 0),
-    ("torchx", "kill", 0), ("torchx", "sigstop", 1)])
+    ("torchrun", "kill", 0), ("torchrun", "sigstop", 1),
+    ("torchx", "kill", 1), ("torchx", "sigstop", 0), ("launcher", "kill", 1)])
 def test_a_killed_or_stopped_rank_is_named_by_its_peer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, launcher: str, kind: str, victim: int,
 ) -> None:
     """SIGKILL or SIGSTOP of either rank at step 25: the survivor names it (never claims the
     cause with its own broken connection), within a few heartbeats for a kill and the
-    heartbeat timeout for a stop, independent of ``train.pg_timeout_s`` (600 s here)."""
+    heartbeat timeout for a stop, independent of ``train.pg_timeout_s`` (600 s here).
+    torchrun's "Root Cause" is the victim (the survivor's error file is stamped after it, and
+    a stopped victim's is written by the rank that ends it); the survivor prints one line and
+    no traceback, so under the launcher the job prints at most 40 lines after the fault
+    (bare torchrun adds its own traceback: 40 lines of its own)."""
     overrides = [f"checkpoint.dir={tmp_path / 'ckpt'}", "checkpoint.every_steps=10",
                  "train.steps=60", *HEARTBEAT]
     fault = f"rank{victim}:{kind}@25"
-    if launcher == "torchrun":
-        job = torchrun(overrides, fault=fault)
+    if launcher != "torchx":
+        job = torchrun(overrides, fault=fault, launcher=launcher == "launcher")
         assert job.rc == 1, job.log[-3000:]
+        assert _root_cause(job.log) == victim and "NoneType: None" not in job.log, job.log
+        after = job.log[job.log.index("FAULT "):].splitlines()[1:]
+        ours = [ln for ln in after if " shadowsync." in ln]
+        assert len(ours) == 1, after
+        if launcher == "launcher":
+            assert len(after) <= 40 and "Traceback" not in job.log, after
+        else:  # torchrun's own, of its raise
+            assert job.log.count("Traceback") == 1, job.log
     else:
         state, job = _torchx(tmp_path, fault, overrides, monkeypatch)
         assert state == AppState.FAILED, job.log[-3000:]
@@ -326,7 +338,7 @@ def test_failed_sync_round_stops_the_job() -> None:
              "synchronization failure")
     assert cause in job.log, job.log[-3000:]
     assert f"rank 0 failed: PeerFailed: {cause}" in job.log  # not the abort it received
-    assert _root_cause_is_rank_1(job.log)
+    assert _root_cause(job.log) == 1 and "rank 1 failed: PeerFailed" not in job.log
     assert job.since_fault() < EXIT_BOUND_S
     _report("sync strategy raises in round 5 (`sync.failure.on_failure=raise`)", job,
             "`rank 1 failed: SyncError: rank 1: synchronization failed: RuntimeError: ...`; "
@@ -399,7 +411,7 @@ def test_a_failure_at_the_end_with_raise_fails_the_job_naming_the_rank(tmp_path:
     cause = ("rank 1 failed: SyncError: rank 1: synchronization failed: RuntimeError: injected "
              "synchronization failure")
     assert cause in job.log, job.log[-3000:]
-    assert _root_cause_is_rank_1(job.log)
+    assert _root_cause(job.log) == 1 and "rank 1 failed: PeerFailed" not in job.log
     _assert_loadable(tmp_path, 40)  # no checkpoint of step 60: the end's pause failed
     _report("sync strategy raises at the end (`raise`)", job,
             "`rank 1 failed: SyncError: ...`; the last checkpoint (step 40) stays the newest; "
@@ -560,7 +572,7 @@ def test_non_finite_loss_fails_the_job_naming_step_rank_and_loss(tmp_path: Path)
     cause = ("rank 1 failed: NonFiniteValue: non-finite loss (NaN or inf) at step 25 on rank 1")
     assert cause in job.log, job.log[-3000:]
     assert f"rank 0 failed: PeerFailed: {cause}" in job.log, job.log[-3000:]
-    assert _root_cause_is_rank_1(job.log)
+    assert _root_cause(job.log) == 1 and "rank 1 failed: PeerFailed" not in job.log
     assert job.since_fault() < EXIT_BOUND_S
     records = _records(tmp_path / "out")
     assert [r["step"] for r in records if "loss" in r] == [10, 20]

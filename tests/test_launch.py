@@ -1,5 +1,5 @@
 """The launcher's exit: 143 and one line after a clean preemption, 2 and one line for a bad
-configuration, torchrun's own otherwise."""
+configuration, 1 and torchrun's summary otherwise."""
 
 from __future__ import annotations
 
@@ -46,14 +46,18 @@ def test_preemption_exits_143(outcome: BaseException | None, expected: int,
 
 
 @pytest.mark.parametrize("codes", [(143, 1), (1, 1), (-15, -15), (-9, 1), (2, 1)])
-def test_any_other_failure_is_torchrun_s(codes: tuple[int, ...],
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_any_other_failure_is_torchrun_s_summary_and_exit_1(
+    codes: tuple[int, ...], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    failed = _failed(*codes)
+
     def run(args: Any) -> None:
-        raise _failed(*codes)
+        raise failed
 
     monkeypatch.setattr(launch, "run", run)
-    with pytest.raises(ChildFailedError):
-        launch.main(["-m", "shadowsync.pipelines.train"])
+    assert launch.main(["-m", "shadowsync.pipelines.train"]) == 1
+    err = capsys.readouterr().err
+    assert err.strip() == failed.format_msg().strip() and "Traceback" not in err
 
 
 def _reply(path: Path) -> dict[str, Any]:
@@ -94,8 +98,7 @@ def test_a_failed_rank_s_error_is_the_reply(tmp_path: Path,
         raise ChildFailedError("train", {1: ProcessFailure(1, 101, 1, str(rank_file))})
 
     monkeypatch.setattr(launch, "run", run)
-    with pytest.raises(ChildFailedError):
-        launch.main(["-m", "shadowsync.pipelines.train"])
+    assert launch.main(["-m", "shadowsync.pipelines.train"]) == 1
     reply = _reply(tmp_path / "error.json")
     assert reply["message"] == "RuntimeError: rank 1 gave up" and reply["errorCode"] == 1
 
