@@ -35,7 +35,6 @@ from collections.abc import MutableMapping
 
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import (
-    _NOT_AVAILABLE,
     ChildFailedError,
     ErrorHandler,
     ProcessFailure,
@@ -92,7 +91,7 @@ def _failed(e: ChildFailedError) -> int:
     summary already names the ranks); the first failure's error file becomes the launcher's,
     as ``@record`` does."""
     _, first = e.get_first_failure()
-    if first.error_file != _NOT_AVAILABLE:
+    if os.path.isfile(first.error_file):
         ErrorHandler().dump_error_file(first.error_file, first.exitcode)
     else:
         leave_error(_message(first), 1)
@@ -125,12 +124,11 @@ def main(argv: list[str] | None = None) -> int:
         if PREEMPTED_EXIT_CODE not in codes or not codes <= _AFTER_PREEMPTION:
             return _failed(e)
         return _ends(f"preempted: every worker stopped after the same step and "
-                          f"checkpointed (exit {PREEMPTED_EXIT_CODE}); {_RESUME}",
-                          PREEMPTED_EXIT_CODE)
+                     f"checkpointed (exit {PREEMPTED_EXIT_CODE}); {_RESUME}", PREEMPTED_EXIT_CODE)
     except SignalException as e:
         return _ends(f"preempted: the launcher got {e.sigval.name}; its workers were asked "
-                          f"to stop and checkpoint within its grace (see their last lines); "
-                          f"{_RESUME}", 128 + int(e.sigval))
+                     f"to stop and checkpoint within its grace (see their last lines); "
+                     f"{_RESUME}", 128 + int(e.sigval))
     return 0
 
 
