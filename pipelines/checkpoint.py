@@ -103,12 +103,15 @@ def complete_step(path: str) -> int | None:
     return int(m.group(1)) if m and fs.exists(_join(local, MARKER)) else None
 
 
+def _entries(root: str) -> list[str]:
+    """What ``root`` holds (nothing when it does not exist yet)."""
+    fs, path = _fs_and_path(root)
+    return fs.ls(path, detail=False) if fs.exists(path) else []
+
+
 def complete_steps(root: str) -> list[int]:
     """Steps of the checkpoints under ``root`` that have their ``COMPLETE`` marker, ascending."""
-    fs, path = _fs_and_path(root)
-    if not fs.exists(path):
-        return []
-    return sorted(s for e in fs.ls(path, detail=False) if (s := complete_step(e)) is not None)
+    return sorted(s for e in _entries(root) if (s := complete_step(e)) is not None)
 
 
 def latest(root: str, before: int | None = None) -> CheckpointInfo | None:
@@ -224,20 +227,14 @@ def resolve(path: str) -> CheckpointInfo:
 def incomplete(root: str) -> list[str]:
     """Checkpoint folders under ``root`` without their ``COMPLETE`` marker (interrupted writes),
     which :func:`latest` skips."""
-    fs, path = _fs_and_path(root)
-    if not fs.exists(path):
-        return []
-    return sorted(e for e in fs.ls(path, detail=False)
+    return sorted(e for e in _entries(root)
                   if _STEP_DIR.search(e.rstrip("/")) and complete_step(e) is None)
 
 
 def set_aside(root: str) -> list[str]:
     """Checkpoint folders under ``root`` that :func:`quarantine` renamed aside, oldest step
     first: proof that ``root`` held checkpoints of this run."""
-    fs, path = _fs_and_path(root)
-    if not fs.exists(path):
-        return []
-    return sorted(e for e in fs.ls(path, detail=False) if _SET_ASIDE.search(e.rstrip("/")))
+    return sorted(e for e in _entries(root) if _SET_ASIDE.search(e.rstrip("/")))
 
 
 def _marker(ckpt: CheckpointInfo) -> dict[str, Any]:
