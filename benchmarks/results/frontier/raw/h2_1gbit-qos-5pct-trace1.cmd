@@ -1,7 +1,0 @@
-python benchmarks/frontier.py --hosts 2 --links 1gbit --interleave 50 --repeats 7 --periods 10 --shadow '5%: sync.max_slowdown=0.05' '5% n10: sync.max_slowdown=0.05 sync.thread_nice=10' 'every 2.3 s: sync.max_slowdown=null sync.min_interval_s=2.3' --aa --bracket --trace --tag qos-5pct-trace --out benchmarks/results/frontier train.batch_size=1024 eval.max_batches=1
-  arm none: sync.algorithm=none
-  arm FR k=10: sync.algorithm=ma sync.mode=fixed_rate sync.period=10 sync.wire_dtype=float32 sync.socket_ifname=veth0:sync
-  arm S 5%: sync.algorithm=ma sync.mode=shadow sync.max_slowdown=0.05  sync.wire_dtype=float32 sync.socket_ifname=veth0:sync
-  arm S 5% n10: sync.algorithm=ma sync.mode=shadow sync.max_slowdown=0.05 sync.thread_nice=10  sync.wire_dtype=float32 sync.socket_ifname=veth0:sync
-  arm S every 2.3 s: sync.algorithm=ma sync.mode=shadow sync.max_slowdown=null sync.min_interval_s=2.3  sync.wire_dtype=float32 sync.socket_ifname=veth0:sync
-  arm none A/A: sync.algorithm=none

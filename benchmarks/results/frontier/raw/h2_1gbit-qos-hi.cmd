@@ -1,7 +1,0 @@
-python benchmarks/frontier.py --hosts 2 --links 1gbit --steps 300 --repeats 3 --periods 20 50 --shadow '5% n10: sync.max_slowdown=0.05 sync.thread_nice=10' '2% n10: sync.max_slowdown=0.02 sync.thread_nice=10' --tag qos-hi --out benchmarks/results/frontier train.batch_size=128 eval.max_batches=1
-  arm none: sync.algorithm=none
-  arm ddp: sync.algorithm=ddp
-  arm FR k=20: sync.algorithm=ma sync.mode=fixed_rate sync.period=20 sync.wire_dtype=float32 sync.socket_ifname=veth0:sync
-  arm FR k=50: sync.algorithm=ma sync.mode=fixed_rate sync.period=50 sync.wire_dtype=float32 sync.socket_ifname=veth0:sync
-  arm S 5% n10: sync.algorithm=ma sync.mode=shadow sync.max_slowdown=0.05 sync.thread_nice=10  sync.wire_dtype=float32 sync.socket_ifname=veth0:sync
-  arm S 2% n10: sync.algorithm=ma sync.mode=shadow sync.max_slowdown=0.02 sync.thread_nice=10  sync.wire_dtype=float32 sync.socket_ifname=veth0:sync
