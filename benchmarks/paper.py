@@ -12,7 +12,7 @@ on MovieLens-1M; ``--repeats`` reruns arms in rotated order for a median through
   split as controls, and records the windowed training NE of every arm for a plot::
 
       OMP_NUM_THREADS=1 .venv/bin/torchrun --nproc_per_node 4 benchmarks/paper.py \
-          --design user_split --out benchmarks/results/paper_user_split
+          --design user_split --out benchmarks/results/quality/user_split
 
   ``--quick`` checks its direction in a few minutes: 200 steps, one seed, a few arms, into
   ``runs/paper_quick`` unless ``--out`` says otherwise.
@@ -20,7 +20,7 @@ on MovieLens-1M; ``--repeats`` reruns arms in rotated order for a median through
   both replicas see the same population; every arm, ``none`` included, ends within the seed
   spread there::
 
-      .venv/bin/torchrun --nproc_per_node 2 benchmarks/paper.py --out benchmarks/results/paper
+      .venv/bin/torchrun --nproc_per_node 2 benchmarks/paper.py --out benchmarks/results/quality/iid
 
 Both write ``report.md`` (tables; goals or verdicts), ``quality_vs_throughput.png`` and
 ``runs.json`` (every run) into ``--out``; ``user_split`` also ``ne_over_training.png``. Arms:
@@ -101,10 +101,10 @@ class Design(NamedTuple):
 
 
 DESIGNS = {
-    "iid": Design("movielens_1m", 2, ARMS, Path("benchmarks/results/paper"),
+    "iid": Design("movielens_1m", 2, ARMS, Path("benchmarks/results/quality/iid"),
                   "ShadowSync vs foreground synchronization on MovieLens-1M"),
     "user_split": Design("movielens_user_split", 4, USER_SPLIT_ARMS,
-                         Path("benchmarks/results/paper_user_split"),
+                         Path("benchmarks/results/quality/user_split"),
                          "ShadowSync vs foreground synchronization on MovieLens-1M, "
                          "users sharded across 4 replicas"),
 }
@@ -113,7 +113,7 @@ USER_SPLIT_DESIGN = """## Design: where synchronization matters
 
 With the IID split (global steps of the time-ordered stream dealt round-robin) every replica
 sees the same population, and the replicas share every embedding table, which keeps them
-coherent: on 2 ranks `none` ended as good as `ddp` (`benchmarks/results/paper`). Recommendation
+coherent: on 2 ranks `none` ended as good as `ddp` (`benchmarks/results/quality`). Recommendation
 logs are often sharded by user (a user's events stay on one shard, for locality and privacy), so
 this design deals each user's ratings to one rank by a hash of the user id
 (`data.options.rank_split: user`, preset `movielens_user_split`) and uses 4 replicas. A user's
