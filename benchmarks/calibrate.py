@@ -1,6 +1,6 @@
 """Measure the constants of ``scaling_model.py`` on this machine, with the real code.
 
-    python benchmarks/calibrate.py --out benchmarks/results/calibration.json
+    python benchmarks/calibrate.py --out benchmarks/results/scaling_model/calibration.json
 
 1. Gloo allreduce time against size (4 KB .. 64 MB) on 2 ranks over loopback, fitted to
    ``a + S / beta`` (weighted to relative error); ``a = 2 alpha`` (a 2-rank ring).

@@ -4,7 +4,7 @@ We have one machine; this is how we plan beyond it. Constants measured here by `
 (one rank's step time, dense bytes, one round's local work, a loopback allreduce fit, the
 measured 1- and 2-rank points) are extrapolated to N trainers on a stated network::
 
-    python benchmarks/calibrate.py --out benchmarks/results/calibration.json   # measures
+    python benchmarks/calibrate.py --out benchmarks/results/scaling_model/calibration.json
     python benchmarks/scaling_model.py --bandwidth-gbps 10 100 --latency-us 20  # predicts
 
 writes ``scaling.md`` (tables, and predicted vs measured at N = 1 and 2) and ``scaling.png``.
@@ -64,7 +64,7 @@ from shadowsync.sync.config import MOVED
 TRAINERS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000)
 STRATEGIES = ("ma", "easgd", "bmuf")
 DEFAULT_PERIOD = 10
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parent / "results" / "scaling_model"
 MODEL_BANNER = ("**This is a model, not a measurement**: constants measured on one machine "
                 "(1 and 2 ranks) extrapolated with the equations below.")
 
