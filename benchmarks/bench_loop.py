@@ -61,18 +61,19 @@ whether the A/A pairs' spread over repeats comes from the two builds of the mode
 each lands in memory) or from the machine. Ours' first step, where TorchRec's pipeline sets
 itself up, is left out of ours' time (the blocks, which come one step earlier, never pay it).
 
-``--phases`` (with ``--interleave``) also times, on the wall clock, each phase of our loop
-that carries a profiler label (``shadowsync.train.watch``, ``.metrics``, ``.control``, ...),
-per step of ours: where its own time goes, without the profiler's overhead per op (which
-inflates small ops several times over). Only ours is timed this way, so it adds two clock
-reads a phase to ours' side (microseconds a step).
+``--phases`` (with ``--interleave``) also times, on the wall clock, each labelled phase of our
+loop (``shadowsync.train.watch``, ``.metrics``, ``.control``, ...; through the trainer's
+callbacks, ``TrainCallback.on_phase``), per step of ours: where its own time goes, without the
+profiler's overhead per op (which inflates small ops several times over). Only ours is timed
+this way, so it adds two clock reads a phase to ours' side (microseconds a step).
 
 ``--ablate ARM`` (with ``--interleave``; ARM ``ddp`` or ``none``) runs that pair once per
 variant of ours, each with one feature off (:data:`ABLATIONS`: training records, the control
-exchange, the heartbeat, the non-finite watch), rotated over repeats, with the A/A pair as
-``--aa`` adds it: what each feature costs, as a ratio and as how much slower TorchRec's own
-steps ran inside ours than inside the reference's blocks (work of ours that runs beside
-TorchRec's communication on shared cores shows there, not in ours' own time)::
+exchange, the heartbeat; the non-finite watch has no setting to turn it off, and its cost, all
+in the training thread, is its phase's time under ``--phases``), rotated over repeats, with
+the A/A pair as ``--aa`` adds it: what each feature costs, as a ratio and as how much slower
+TorchRec's own steps ran inside ours than inside the reference's blocks (work of ours that runs
+beside TorchRec's communication on shared cores shows there, not in ours' own time)::
 
     .venv/bin/torchrun --nproc_per_node 2 benchmarks/bench_loop.py --config movielens_1m \\
         --steps 800 --repeats 3 --interleave 50 --aa --ablate ddp
@@ -94,7 +95,8 @@ import re
 import statistics
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -103,29 +105,27 @@ from torchrec.distributed.model_parallel import DefaultDataParallelWrapper
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 
 from shadowsync.datasets import RecDataset, build_dataset
-from shadowsync.pipelines import faults, train, trainer
+from shadowsync.pipelines import train
 from shadowsync.pipelines.build import (
     DistEnv,
     build_optimizer,
     build_sharded_model,
     init_distributed,
 )
+from shadowsync.pipelines.callbacks import TrainCallback
 from shadowsync.pipelines.config import RunConfig, load_config
-from shadowsync.pipelines.metrics import TrainingMetrics
 from shadowsync.sync.wrapper import LocalReplicas
 
 PAIRS = {"ours ddp": "reference ddp", "ours none": "reference local"}
 ARMS = ["reference ddp", "ours ddp", "reference local", "ours none"]
 # --aa: TorchRec's loop in ours' place, against a reference built before it (A/A)
 AA = {"A/A ddp": "A/A reference ddp", "A/A local": "A/A reference local"}
-# --ablate: ours with one feature off, by the overrides that turn it off (the watch has no
-# setting: :func:`watch_off` patches it out).
+# --ablate: ours with one feature off, by the overrides that turn it off.
 ABLATIONS: dict[str, list[str]] = {
     "all on": [],
     "records off": ["train.log_every=1000000000"],
     "control off": ["train.control_every_steps=1000000000"],
     "heartbeat off": ["train.heartbeat_s=1000000", "train.heartbeat_timeout_s=3000000"],
-    "watch off": [],
 }
 
 
@@ -162,54 +162,43 @@ def pipeline_time() -> Iterator[list[float]]:
         TrainPipelineSparseDist.progress = progress
 
 
-@contextlib.contextmanager
-def phase_time() -> Iterator[dict[str, float]]:
-    """Wall seconds in each labelled phase of our loop while in the block: the trainer's
-    ``_phase`` (a profiler label while one records, else nothing) times its block instead."""
-    spent: dict[str, float] = collections.defaultdict(float)
-    label = trainer._phase
+class PhaseTimes(TrainCallback):
+    """Wall seconds in each labelled phase of our loop (:meth:`TrainCallback.on_phase`)."""
 
-    @contextlib.contextmanager
-    def timed(name: str) -> Iterator[None]:
-        began = time.perf_counter()
-        try:
-            yield
-        finally:
-            spent[name] += time.perf_counter() - began
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = collections.defaultdict(float)
 
-    trainer._phase = timed
-    try:
-        yield spent
-    finally:
-        trainer._phase = label
+    def on_phase(self, name: str, seconds: float) -> None:
+        self.seconds[name] += seconds
 
 
-@contextlib.contextmanager
-def watch_off() -> Iterator[None]:
-    """Our loop without the non-finite watch's check a step (for ``--ablate`` only: a run that
-    went non-finite would not be caught)."""
-    observe = faults.FiniteWatch.observe
-    faults.FiniteWatch.observe = lambda self, step, loss: None  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        faults.FiniteWatch.observe = observe  # type: ignore[method-assign]
+class _Records(TrainCallback):
+    """Our training records' metrics computing in the background, and when each started (in
+    calls of ours to ``progress``)."""
+
+    def __init__(self, calls: list[int]) -> None:
+        self.computing: Future[dict[str, float]] | None = None
+        self.at: int | None = None
+        self._calls = calls
+
+    def on_record(self, step: int, computing: Future[dict[str, float]]) -> None:
+        self.computing, self.at = computing, self._calls[0]
 
 
 def ablate(arm: str, preset: str, steps: int, block: int, overrides: list[str], env: DistEnv,
            repeat: int, variants: list[str] | None = None, one_model: bool = False,
-           defer: int = 0) -> list[dict[str, Any]]:
+           defer: int = 0, callbacks: Sequence[TrainCallback] = ()) -> list[dict[str, Any]]:
     """``--ablate``: ours ``arm`` (``ddp`` or ``none``) against its reference in one
     :func:`interleaved` job per variant of :data:`ABLATIONS` (``variants``: all), in an order
     that turns around every other repeat. Per variant: ours' ratio to the reference, its own
-    ms a step, and TorchRec's steps inside ours against inside the reference (``inside``)."""
+    ms a step, and TorchRec's steps inside ours against inside the reference (``inside``).
+    ``callbacks``: ours' trainer's, in every variant."""
     pair = (PAIRS[f"ours {arm}"], f"ours {arm}")
     names = variants or list(ABLATIONS)
     rows = []
     for name in names[::-1 if repeat % 2 else 1]:
-        with watch_off() if name == "watch off" else contextlib.nullcontext():
-            got = interleaved(pair, preset, steps, block, [*overrides, *ABLATIONS[name]], env,
-                              one_model=one_model, defer=defer)
+        got = interleaved(pair, preset, steps, block, [*overrides, *ABLATIONS[name]], env,
+                          one_model=one_model, defer=defer, callbacks=callbacks)
         rows.append(ablation_row(name, repeat, got[pair[0]], got[pair[1]]))
     return rows
 
@@ -348,11 +337,13 @@ def run(arm: str, preset: str, steps: int, overrides: list[str], env: DistEnv,
 
 def interleaved(pair: tuple[str, str], preset: str, steps: int, block: int,
                 overrides: list[str], env: DistEnv, phases: bool = False,
-                one_model: bool = False, defer: int = 0) -> dict[str, dict[str, Any]]:
+                one_model: bool = False, defer: int = 0,
+                callbacks: Sequence[TrainCallback] = ()) -> dict[str, dict[str, Any]]:
     """One job of ours with the reference's blocks between its steps (``--interleave``);
     per arm of ``pair`` (reference, ours), the figures of :func:`run`, and ours' wait for its
     metrics compute before blocks (``wait_ms``, counted in ours' time); with ``phases``, ours'
-    milliseconds a step in each labelled phase of its loop (``phase_ms``, :func:`phase_time`).
+    milliseconds a step in each labelled phase of its loop (``phase_ms``, :class:`PhaseTimes`).
+    ``callbacks``: more of ours' trainer's.
 
     With ``one_model`` (``--one-model``) the reference's blocks run TorchRec's loop on ours'
     own pipeline (its model, optimizers and in-flight batches), fed the reference's batches,
@@ -377,17 +368,10 @@ def interleaved(pair: tuple[str, str], preset: str, steps: int, block: int,
         ref_pipeline, ref_batches = reference(cfg, env)
     in_block = [False]
     progress = TrainPipelineSparseDist.progress
-    start_compute = TrainingMetrics.start_compute
-    computing: list[Any] = []
     calls = [0]
-    record_at, owed = [-defer - 1], [0]  # ours' calls at its last record; blocks put off
+    records, times, owed = _Records(calls), PhaseTimes(), [0]  # owed: blocks put off
     spent = {"reference": 0.0, "reference inside": 0.0, "ours inside": 0.0, "wait": 0.0,
              "first": 0.0}
-
-    def recorded(self: TrainingMetrics) -> Any:
-        computing[:] = [start_compute(self)]
-        record_at[0] = calls[0]
-        return computing[0]
 
     def timed(self: TrainPipelineSparseDist, batches: Iterator[Any]) -> Any:
         if not self._model.training:
@@ -403,11 +387,12 @@ def interleaved(pair: tuple[str, str], preset: str, steps: int, block: int,
         # batch); on one model a call earlier: ours' batches run dry one step before its
         # last, and TorchRec's pipeline cannot take new ones once it drained
         due = calls[0] + one_model
-        if due % block == 0 and due <= record_at[0] + defer and due + block <= steps:
+        deferred = records.at is not None and due <= records.at + defer
+        if due % block == 0 and deferred and due + block <= steps:
             owed[0] += 1
         elif due % block == 0 and due <= steps:
-            if computing and not computing[0].done():
-                computing[0].exception()  # waits; a failure is raised by ours when it reads
+            if records.computing is not None and not records.computing.done():
+                records.computing.exception()  # waits; a failure is raised by ours when it reads
                 spent["wait"] += time.perf_counter() - began
             began_block = time.perf_counter()
             in_block[0] = True
@@ -429,24 +414,22 @@ def interleaved(pair: tuple[str, str], preset: str, steps: int, block: int,
                 spent["first"] = took
 
     TrainPipelineSparseDist.progress = timed
-    TrainingMetrics.start_compute = recorded
     examples = steps * cfg.train.batch_size * env.world_size
-    in_phase: dict[str, float] = {}
     try:
         if pair[1] in AA:  # a second TorchRec loop in ours' place
             seconds = examples / reference_loop(_config(preset, pair[1], steps, overrides), env)
         else:
             dataset = build_dataset(cfg.data.name, **cfg.data.options)
             dist.barrier()
-            with (contextlib.redirect_stdout(io.StringIO()),
-                  phase_time() if phases else contextlib.nullcontext({}) as in_phase):
-                summary = train.run(_config(preset, pair[1], steps, overrides), dataset)
+            with contextlib.redirect_stdout(io.StringIO()):
+                summary = train.run(_config(preset, pair[1], steps, overrides), dataset,
+                                    callbacks=[records, *([times] if phases else []),
+                                               *callbacks])
             if summary["step"] != steps:
                 raise RuntimeError(f"our loop ran {summary['step']} steps, not {steps}")
             seconds = summary["train_seconds"]
     finally:
         TrainPipelineSparseDist.progress = progress
-        TrainingMetrics.start_compute = start_compute
     ours_s = seconds - spent["reference"]
     ours_steps = steps
     if one_model:  # the blocks share ours' pipeline, set up in ours' first step: leave it out
@@ -460,7 +443,7 @@ def interleaved(pair: tuple[str, str], preset: str, steps: int, block: int,
         pair[1]: {"examples_per_s": examples * ours_steps / steps / ours_s,
                   "own_ms_per_step": (ours_s - spent["ours inside"]) * 1e3 / ours_steps,
                   "ms_per_step": ours_s * 1e3 / ours_steps, "wait_ms": spent["wait"] * 1e3,
-                  **({"phase_ms": {k: v * 1e3 / ours_steps for k, v in in_phase.items()}}
+                  **({"phase_ms": {k: v * 1e3 / ours_steps for k, v in times.seconds.items()}}
                      if phases else {})},
     }
 

@@ -140,7 +140,7 @@ def run_arm(env: DistEnv, preset: str, overrides: list[str]) -> dict[str, Any]:
     with Trainer(cfg, env, build_dataset(cfg.data.name, **cfg.data.options)) as trainer:
         dist.barrier()
         summary = trainer.train()
-        curve = [[r["step"], r["ne"]] for r in trainer.history
+        curve = [[r["step"], r["ne"]] for r in trainer.log.history
                  if "ne" in r and not r.get("summary")]
     return {**summary, "curve": curve}
 

@@ -48,11 +48,12 @@ def evaluate_checkpoint(
 ) -> dict[str, Any]:
     """Collective: restores ``found`` into a fresh trainer and evaluates it."""
     trainer = Trainer(cfg, env, dataset)
-    trainer.restore(found)
+    trainer.checkpoints.restore(found)
     trainer.wrapper.finish()
-    metrics = {"checkpoint": found.path, "step": found.step, **trainer.evaluate()}
-    if env.rank == 0 and trainer.out_dir is not None:
-        (trainer.out_dir / "eval.json").write_text(json.dumps(metrics, indent=1))
+    metrics = {"checkpoint": found.path, "step": found.step,
+               **trainer.evaluator.evaluate(trainer.step)}
+    if env.rank == 0 and trainer.log.out_dir is not None:
+        (trainer.log.out_dir / "eval.json").write_text(json.dumps(metrics, indent=1))
     return metrics
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -26,6 +27,7 @@ from shadowsync.pipelines.build import (
     local_device,
     plan_ranks,
 )
+from shadowsync.pipelines.callbacks import TrainCallback
 from shadowsync.pipelines.config import RunConfig, check_folders, parse_args, save_config
 from shadowsync.pipelines.console import leave_error, locations, rounded
 from shadowsync.pipelines.fault_domain import FaultDomain
@@ -54,9 +56,10 @@ def prepare(cfg: RunConfig) -> RecDataset:
 
 
 def run(cfg: RunConfig, dataset: RecDataset, domain: FaultDomain | None = None,
-        ) -> dict[str, Any]:
+        callbacks: Sequence[TrainCallback] = ()) -> dict[str, Any]:
     """Trains with ``cfg`` in a new process group; returns the final summary. ``domain``: the
-    process's fault domain (a new one, without a SIGTERM handler, by default)."""
+    process's fault domain (a new one, without a SIGTERM handler, by default); ``callbacks``:
+    the trainer's instrumentation (:class:`~.callbacks.TrainCallback`)."""
     domain = FaultDomain() if domain is None else domain
     env = init_distributed(cfg.train.pg_timeout_s)
     domain.start_heartbeat(cfg.train.heartbeat_s, cfg.train.heartbeat_timeout_s)
@@ -66,14 +69,14 @@ def run(cfg: RunConfig, dataset: RecDataset, domain: FaultDomain | None = None,
         if cfg.output_dir:
             Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
             save_config(cfg, Path(cfg.output_dir) / "config.yaml")
-    with Trainer(cfg, env, dataset, domain=domain) as trainer:
+    with Trainer(cfg, env, dataset, domain=domain, callbacks=callbacks) as trainer:
         if env.rank == 0:
             logger.info("sharding plan:\n%s", trainer.plan)
         trainer.maybe_resume()
         summary = trainer.train()
     domain.finish()
     if env.rank == 0:
-        where = locations(cfg.output_dir, trainer.history, summary["step"], os.environ)
+        where = locations(cfg.output_dir, trainer.log.history, summary["step"], os.environ)
         print(_summary_table({**summary, **where}), flush=True)
     return summary
 

@@ -67,8 +67,8 @@ def test_ablation_rows_and_table() -> None:
     bench = _load("bench_loop")
     ref = {"examples_per_s": 100.0, "own_ms_per_step": 0.01, "ms_per_step": 10.01}
     ours = {"examples_per_s": 95.0, "own_ms_per_step": 0.3, "ms_per_step": 10.5}
-    row = bench.ablation_row("watch off", 2, ref, ours)
-    assert row["variant"] == "watch off" and row["repeat"] == 2
+    row = bench.ablation_row("heartbeat off", 2, ref, ours)
+    assert row["variant"] == "heartbeat off" and row["repeat"] == 2
     assert row["ratio"] == pytest.approx(0.95) and row["inside"] == pytest.approx(1.02)
     rows = [{"variant": v, "repeat": r, "ratio": x, "own_ms_per_step": 0.2 + x / 10,
              "inside": 2 - x} for r in range(3)
@@ -89,10 +89,8 @@ def _job_store_env() -> None:
 
 
 def _ablations(rank: int, world_size: int) -> dict[str, dict[str, Any]]:
-    from shadowsync.pipelines import faults
     from shadowsync.pipelines.build import init_distributed
-    from shadowsync.pipelines.fault_domain import FaultDomain
-    from shadowsync.pipelines.metrics import TrainingMetrics
+    from shadowsync.pipelines.callbacks import TrainCallback
     from shadowsync.pipelines.trainer import Trainer
     from tests._dist import SMALL
 
@@ -100,52 +98,44 @@ def _ablations(rank: int, world_size: int) -> dict[str, dict[str, Any]]:
     env = init_distributed(60)
     _job_store_env()
     seen: dict[str, Any] = {}
-    observe, start_compute = faults.FiniteWatch.observe, TrainingMetrics.start_compute
-    agree, beat = Trainer._agree_to_stop, FaultDomain.start_heartbeat
 
-    def count(key: str, fn: Any) -> Any:
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            seen[key] = seen.get(key, 0) + (key != "periodic" or not kwargs.get("now", True))
-            return fn(*args, **kwargs)
-        return counted
+    class Count(TrainCallback):
+        def on_train_start(self, trainer: Trainer) -> None:
+            assert trainer.domain.heartbeat is not None
+            seen["heartbeat_s"] = trainer.domain.heartbeat.interval_s
 
-    def started(self: FaultDomain, interval_s: float, timeout_s: float) -> None:
-        seen["heartbeat_s"] = interval_s
-        beat(self, interval_s, timeout_s)
+        def on_step_end(self, step: int) -> None:
+            seen["steps"] = seen.get("steps", 0) + 1
 
-    faults.FiniteWatch.observe = count("observed", observe)
-    TrainingMetrics.start_compute = count("records", start_compute)
-    Trainer._agree_to_stop = count("periodic", agree)
-    FaultDomain.start_heartbeat = started  # type: ignore[method-assign]
+        def on_record(self, step: int, computing: Any) -> None:
+            seen["records"] = seen.get("records", 0) + 1
+
+        def on_check(self, step: int, periodic: bool) -> None:
+            seen["periodic"] = seen.get("periodic", 0) + periodic
+
     out = {}
-    try:
-        for name in bench.ABLATIONS:
-            seen.clear()
-            (row,) = bench.ablate("none", "synthetic", 20, 10, [
-                *SMALL[2:], "train.log_every=10", "train.control_min_interval_s=null"],
-                env, 0, [name])
-            out[name] = {**seen, **row}
-    finally:
-        faults.FiniteWatch.observe, TrainingMetrics.start_compute = observe, start_compute
-        Trainer._agree_to_stop = agree
-        FaultDomain.start_heartbeat = beat  # type: ignore[method-assign]
+    for name in bench.ABLATIONS:
+        seen.clear()
+        (row,) = bench.ablate("none", "synthetic", 20, 10, [
+            *SMALL[2:], "train.log_every=10", "train.control_min_interval_s=null"],
+            env, 0, [name], callbacks=[Count()])
+        out[name] = {**seen, **row}
     return out
 
 
 def test_ablation_turns_off_one_feature_of_ours_per_variant() -> None:
     """``bench_loop --ablate``: each variant runs our loop with exactly its feature off (20
     steps; records every 10 steps, control checks every 10 with no floor, a beat a second)
-    against TorchRec's loop, and the watch is back after its variant."""
+    against TorchRec's loop, as the trainer's callbacks count them."""
     for result in run_ranks(_ablations, timeout_s=240):
         on = result["all on"]
-        assert on["observed"] == 20 and on["records"] == 2 and on["periodic"] >= 2, on
+        assert on["steps"] == 20 and on["records"] == 2 and on["periodic"] >= 2, on
         assert on["heartbeat_s"] == 1.0
         assert "records" not in result["records off"], result["records off"]
         assert not result["control off"].get("periodic"), result["control off"]
         assert result["heartbeat off"]["heartbeat_s"] == 1e6, result["heartbeat off"]
-        assert "observed" not in result["watch off"], result["watch off"]
         for name, row in result.items():  # every other feature stays on
-            assert name == "watch off" or row["observed"] == 20, (name, row)
+            assert row["steps"] == 20, (name, row)
             assert name == "records off" or row["records"] == 2, (name, row)
             # 20 tiny steps bound no speed ratio (a CI run read TorchRec's steps inside ours
             # at 3.1x); the row's arithmetic is checked exactly in test_ablation_rows_and_table

@@ -28,7 +28,6 @@ from shadowsync.datasets import build_dataset
 from shadowsync.pipelines import checkpoint
 from shadowsync.pipelines.config import dump_config, load_config
 from shadowsync.pipelines.evaluate import evaluate_checkpoint
-from shadowsync.pipelines.position import DataPosition
 from shadowsync.pipelines.train import Trainer, init_distributed
 from shadowsync.sync.wrapper import dense_parameters
 from tests._dist import run_ranks
@@ -182,7 +181,7 @@ def _shadow_resume(rank: int, world_size: int, root: str) -> dict[str, Any]:
     rng = torch.get_rng_state()
     with resumed:  # closes: the groups it made are destroyed
         summary = resumed.train()
-        groups = [resumed.control.group, *resumed.wrapper._groups]  # type: ignore[union-attr]
+        groups = [resumed._group.group, *resumed.wrapper._groups]  # type: ignore[union-attr]
     return {"closed": [_destroyed(g) for g in groups], "saved": saved, "at_resume": at_resume,
             "position": position, "rng": rng,
             "sync": restored["sync"], "optimizers": optimizers, "summary": summary,
@@ -316,7 +315,7 @@ def _corruption_matrix(rank: int, world_size: int, root: str) -> dict[str, Any]:
                                             "checkpoint.keep=5", f"checkpoint.dir={pristine}"])
     trainer = Trainer(cfg, env, build_dataset(cfg.data.name, **cfg.data.options))
     trainer.train()  # checkpoints of steps 4 and 8
-    trainer.restore(checkpoint.latest(str(pristine), before=8))  # type: ignore[arg-type]
+    trainer.checkpoints.restore(checkpoint.latest(str(pristine), before=8))  # type: ignore[arg-type]
     reference = _state(trainer)
     lines = _Lines()
     logging.getLogger("shadowsync").addHandler(lines)
@@ -337,7 +336,7 @@ def _corruption_matrix(rank: int, world_size: int, root: str) -> dict[str, Any]:
             _corrupt(newest / name, kind)
         dist.barrier()
         trainer.cfg.checkpoint.dir = str(case)
-        trainer.position = DataPosition(step=-1)
+        trainer.position.load_state_dict({"step": -1, "epoch": 0, "epoch_step": 0})
         lines.lines.clear()
         resumed = trainer.maybe_resume()
         state = _state(trainer)

@@ -31,7 +31,8 @@ from torchx.specs import AppState
 
 from shadowsync.datasets import build_dataset
 from shadowsync.pipelines import checkpoint, faults, train
-from shadowsync.pipelines import trainer as trainer_module
+from shadowsync.pipelines import evaluator as evaluator_module
+from shadowsync.pipelines.callbacks import TrainCallback
 from shadowsync.pipelines.config import load_config
 from shadowsync.torchx_components.train import train as train_component
 from tests._dist import SMALL, free_port, run_ranks
@@ -454,28 +455,30 @@ def _control_checks(rank: int, world_size: int) -> dict[str, list[int]]:
     each), with and without a floor in seconds."""
     env = train.init_distributed(60)
     out: dict[str, list[int]] = {}
-    periodic = train.Trainer._agree_to_stop
+
+    class Periodic(TrainCallback):
+        """The steps of the periodic checks; on rank 1, steps of at least 5 ms."""
+
+        def __init__(self) -> None:
+            self.steps: list[int] = []
+
+        def on_step_end(self, step: int) -> None:
+            if rank == 1:
+                time.sleep(0.005)
+
+        def on_check(self, step: int, periodic: bool) -> None:
+            if periodic:
+                self.steps.append(step)
+
     for name, floor in (("floor", "0.25"), ("steps", "null")):
         cfg = load_config("synthetic", SMALL[2:] + [
             "train.steps=300", "train.control_every_steps=5",
             f"train.control_min_interval_s={floor}", "train.log_every=1000"])
-        trainer = train.Trainer(cfg, env, build_dataset(cfg.data.name, **cfg.data.options))
-        seen: list[int] = []
-
-        def check(self: train.Trainer, now: bool = True, seen: list[int] = seen) -> bool:
-            if not now:
-                seen.append(self.step)
-            return periodic(self, now)
-
-        trainer._agree_to_stop = functools.partial(check, trainer)  # type: ignore[method-assign]
-        if rank == 1:
-            def slow(after_step: Any = trainer.wrapper.after_step) -> None:
-                time.sleep(0.005)
-                after_step()
-
-            trainer.wrapper.after_step = slow  # type: ignore[method-assign]
+        checks = Periodic()
+        trainer = train.Trainer(cfg, env, build_dataset(cfg.data.name, **cfg.data.options),
+                                callbacks=[checks])
         trainer.train()
-        out[name] = seen
+        out[name] = checks.steps
     return out
 
 
@@ -606,15 +609,15 @@ def _non_finite_in_process(rank: int, world_size: int, out: str) -> dict[str, An
     # Finite predictions, metrics that are not (an eval split of one class): fails too.
     trainer = train.Trainer(load_config("synthetic", SMALL[2:] + ["train.steps=5"]), env,
                             build_dataset(cfg.data.name, **cfg.data.options))
-    exact = trainer_module.gather_metrics
-    trainer_module.gather_metrics = lambda logits, labels: exact(logits, labels.mul(0))
+    exact = evaluator_module.gather_metrics
+    evaluator_module.gather_metrics = lambda logits, labels: exact(logits, labels.mul(0))
     try:
         trainer.train()
         results["metrics"] = {"error": None}
     except faults.NonFiniteValue as e:
         results["metrics"] = {"error": type(e).__name__, "message": str(e)}
     finally:
-        trainer_module.gather_metrics = exact
+        evaluator_module.gather_metrics = exact
     # A finite gradient too large to square on rank 1 in step 13 (Adagrad's state turns inf;
     # no replica sync, so only there): found before the next record, at step 20.
     trainer = train.Trainer(load_config("synthetic", SMALL[2:] + [

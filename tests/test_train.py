@@ -45,7 +45,7 @@ def _train(rank: int, world_size: int, runs: list[list[str]],
         dense = torch.cat([p.detach().flatten() for p in dense_parameters(trainer.dmp).values()])
         out.append({"summary": summary, "dense": dense, "plan": plan_ranks(trainer.plan),
                     "collected": collected,
-                    "records": [r for r in trainer.history if "loss" in r]})
+                    "records": [r for r in trainer.log.history if "loss" in r]})
     return out
 
 

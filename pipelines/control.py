@@ -1,0 +1,114 @@
+"""The ranks' periodic agreement during training: whether any went non-finite, whose
+synchronizer failed (degrade it everywhere at once), and whether to stop (SIGTERM reached a
+rank); and when the next check falls, from values every rank holds."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+
+import torch
+
+from shadowsync.pipelines import faults
+from shadowsync.pipelines.build import DistEnv
+from shadowsync.pipelines.callbacks import Callbacks
+from shadowsync.pipelines.config import RunConfig
+from shadowsync.pipelines.fault_domain import FaultDomain
+from shadowsync.sync.wrapper import DDPReplicas, LocalReplicas
+
+logger = logging.getLogger("shadowsync.train")
+
+
+class ControlExchange:
+    """One exchange (:class:`~.faults.Control`, a gloo group of its own) carries, per rank:
+    whether SIGTERM reached it, whether its synchronizer failed, the first non-finite step of
+    each :attr:`~.faults.FiniteWatch.KINDS`, and its seconds a training step since the last
+    check. Every rank reads the same table after the same step, so every decision from it (fail,
+    degrade, stop, the next check's step) is the same on every rank.
+
+    Checks fall every ``train.control_every_steps`` steps, or fewer where steps are so fast
+    that would be under ``train.control_min_interval_s`` at the slowest rank's pace. A periodic
+    check runs in the background, so no step waits on it for the slowest rank: the next one
+    acts on it. A checkpoint, an evaluation and the end check at once (:meth:`agree` with
+    ``now``), after acting on the one in flight, since they must not start on a rank that
+    another has given up on.
+    """
+
+    def __init__(self, cfg: RunConfig, env: DistEnv, control: faults.Control,
+                 watch: faults.FiniteWatch, domain: FaultDomain,
+                 wrapper: LocalReplicas | DDPReplicas, callbacks: Callbacks) -> None:
+        self.cfg, self.env, self.control, self.watch = cfg, env, control, watch
+        self.domain, self.wrapper, self._callbacks = domain, wrapper, callbacks
+        # The periodic exchange in flight: the step it was started after, its table.
+        self._pending: tuple[int, Callable[[], torch.Tensor]] | None = None
+        self._next = cfg.train.control_every_steps  # the step of the next periodic check
+        self._clock = (time.perf_counter(), 0)  # this rank's pace is timed from: when, step
+
+    def due(self, step: int) -> bool:
+        """Whether the periodic check falls on ``step``."""
+        return step >= self._next
+
+    def start(self, step: int) -> None:
+        """Training starts after ``step``: the first periodic check falls
+        ``control_every_steps`` on."""
+        self._next = step + self.cfg.train.control_every_steps
+
+    def restart_pace(self, step: int, at: float) -> None:
+        """This rank's pace is timed from ``at`` (``time.perf_counter()``) after ``step``:
+        where training (re)starts, so that it counts training time only."""
+        self._clock = (at, step)
+
+    def check_finite(self, step: int, where: str) -> None:
+        """Collective: raises on every rank if the loss, the dense gradients or the dense
+        optimizer's state went non-finite on any (see :func:`~.faults.raise_if_non_finite`)."""
+        table = self.control.exchange(self.watch.first_steps(step))
+        faults.raise_if_non_finite(table, faults.FiniteWatch.KINDS, self.env.rank, where)
+
+    def agree(self, step: int, now: bool = True) -> bool:
+        """Collective: fails every rank if any went non-finite; degrades a failed synchronizer
+        on every rank at once; says whether SIGTERM reached any rank (then every rank stops
+        after this same step). With ``now`` false (the periodic check) the exchange runs in
+        the background: this call acts on the one the previous check started."""
+        self._callbacks.check(step, periodic=not now)
+        self._next = step + self.cfg.train.control_every_steps  # until paced
+        pending, self._pending = self._pending, None
+        if pending is not None and self._act(pending[0], step, pending[1]()):
+            return True
+        # The optimizer's state (a full read of it) only where it must be known: not at every
+        # periodic check, since what it finds stays until the next record.
+        values = [self.domain.stop_requested(), self.wrapper.failed(),
+                  *self.watch.first_steps(step if now else None), self._pace(step)]
+        if now:
+            return self._act(step, step, self.control.exchange(values))
+        self._pending = (step, self.control.start_exchange(values))
+        return False
+
+    def _pace(self, step: int) -> float:
+        """This rank's seconds a training step since the last check (0: no step since), and
+        the clock restarted for the next."""
+        since, before = self._clock
+        now = time.perf_counter()
+        self._clock = (now, step)
+        return (now - since) / (step - before) if step > before else 0.0
+
+    def _act(self, started_after: int, step: int, table: torch.Tensor) -> bool:
+        """Acts, after ``step``, on the exchange started after ``started_after``, and sets the
+        next periodic check from the slowest rank's pace in it."""
+        kinds = len(faults.FiniteWatch.KINDS)
+        faults.raise_if_non_finite(table[:, 2:2 + kinds], faults.FiniteWatch.KINDS,
+                                   self.env.rank, f"at the check after step {started_after}")
+        every, floor_s = self.cfg.train.control_every_steps, self.cfg.train.control_min_interval_s
+        slowest = float(table[:, -1].max())
+        self._next = step + (every if floor_s is None or slowest <= 0
+                             else max(every, math.ceil(floor_s / slowest)))
+        stop, sync_failed = (table[:, i].nonzero().flatten().tolist() for i in (0, 1))
+        if sync_failed:
+            self.wrapper.degrade(sync_failed)
+        if stop and self.env.rank == 0:
+            where = (f"checkpointing to {self.cfg.checkpoint.dir}" if self.cfg.checkpoint.dir
+                     else "no checkpoint.dir: the work so far is lost")
+            logger.warning("SIGTERM reached rank(s) %s: every rank stops after step %d; %s",
+                           stop, step, where)
+        return bool(stop)
