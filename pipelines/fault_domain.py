@@ -10,13 +10,18 @@ detect                 an exception in training (a collective's error or timeout
                        included: ``train.pg_timeout_s``) reaches :meth:`~FaultDomain.fail`;
                        the synchronizer's own failure reaches :meth:`~FaultDomain.claim`
                        from its thread; a peer killed, stopped or hung is found by the
-                       :class:`Heartbeat`; SIGTERM is a stop request
+                       :class:`Heartbeat`, whose thread also posts this rank's own
+                       synchronizer stall (:meth:`~FaultDomain.watch_sync`), which
+                       training may not live to find; SIGTERM is a stop request
                        (:meth:`~FaultDomain.stop_requested`), not a failure
 decide                 the first cause wins: the job's store keeps the first failure posted
                        (its message, rank and time). A rank whose error says a peer failed
                        first (:func:`~.faults.is_consequence`) never posts; a rank about to
                        post asks the heartbeat whether every peer still lives and names
-                       the one that does not. A rank never names itself as its own peer
+                       the one that does not. A rank never names itself as its own peer.
+                       A rank whose synchronization round stalled while it waited in the
+                       round's collective (:func:`~.faults.waits_on_a_peer`) first gives
+                       the peer it waits on, which passes the same deadline, a grace to post
 tell                   the post, and the heartbeat's ``silent`` key, which every rank's
                        heartbeat reads within a beat
 report                 one console line ``rank N failed: ...``; the traceback only of a
@@ -35,6 +40,7 @@ first.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -44,6 +50,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from datetime import timedelta
 from types import FrameType
 from typing import NoReturn
@@ -53,20 +60,27 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from shadowsync.pipelines import checkpoint
 from shadowsync.pipelines.console import leave_error
-from shadowsync.pipelines.faults import PeerFailed, is_consequence
+from shadowsync.pipelines.faults import PeerFailed, is_consequence, waits_on_a_peer
 
 __all__ = ["FaultDomain", "Heartbeat"]
 
 logger = logging.getLogger("shadowsync.train")
 
 _STORE_TIMEOUT_S = 3.0
+_PEER_GRACE_S = 2.0  # and a beat: a round stalled in its collective lets its peer post first
 
 
 def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
 
 
+class FirstFailure(RuntimeError):
+    """This rank's failure as another of its threads posted it (its whole message)."""
+
+
 def failure_message(exc: BaseException, rank: int | None = None) -> str:
+    if isinstance(exc, FirstFailure):
+        return str(exc)
     what = (checkpoint.describe(exc) if isinstance(exc, CheckpointException)
             else f"{type(exc).__name__}: {exc}")
     return f"rank {_rank() if rank is None else rank} failed: {what}"
@@ -104,6 +118,17 @@ def _first_time(store: dist.Store | None) -> float | None:
     return None
 
 
+def _peer_posts(store: dist.Store, exc: BaseException, grace_s: float) -> bool:
+    """Whether the job's first failure is posted, after ``grace_s`` where ``exc`` says this
+    rank waited for a peer in a synchronization round (:func:`~.faults.waits_on_a_peer`):
+    the peer it waited on passes the same deadline within moments and posts its own cause
+    (its heartbeat does, within a beat, if its training sits in a collective)."""
+    if waits_on_a_peer(exc):
+        with contextlib.suppress(RuntimeError):  # no post within the grace
+            store.wait(["first"], timedelta(seconds=grace_s))
+    return store.check(["first"])
+
+
 def _silent_message(ranks: list[int], how: str) -> str:
     who = ", ".join(map(str, ranks))
     return (f"rank {who} failed: stopped responding (no heartbeat: killed, stopped or hung; "
@@ -129,6 +154,7 @@ class FaultDomain:
     def __init__(self) -> None:
         self._stop_signal: int | None = None
         self.heartbeat: Heartbeat | None = None
+        self._own_stall: Callable[[], BaseException | None] | None = None
 
     # ------------------------------------------------------------------------------ SIGTERM
     def install_sigterm_handler(self) -> None:
@@ -155,7 +181,19 @@ class FaultDomain:
         """After ``init_process_group``: watch the peers (nothing in a world of one)."""
         if dist.get_world_size() > 1:
             self.heartbeat = Heartbeat(interval_s, timeout_s)
+            self.heartbeat.own_stall = self._own_stall
             self.heartbeat.start()
+
+    def _grace_s(self) -> float:
+        return _PEER_GRACE_S + (self.heartbeat.interval_s if self.heartbeat is not None else 0)
+
+    def watch_sync(self, own_stall: Callable[[], BaseException | None]) -> None:
+        """Has the heartbeat's thread post this rank's synchronizer stall (``own_stall()``,
+        see :meth:`~shadowsync.sync.runner.SyncRunner.own_stall`) as the job's first failure
+        within a beat of its deadline, which training may never find itself."""
+        self._own_stall = own_stall
+        if self.heartbeat is not None:
+            self.heartbeat.own_stall = own_stall
 
     def finish(self) -> None:
         """A clean end: peers stop watching this rank."""
@@ -170,7 +208,7 @@ class FaultDomain:
         failure that a killed or stopped peer caused names that peer."""
         store = _job_store("failure")
         try:
-            if store is None or store.check(["first"]):
+            if store is None or _peer_posts(store, exc, self._grace_s()):
                 return
             message, blamed = self._cause(exc, "its synchronizer")
             _post(store, message, _rank() if blamed is None else blamed)
@@ -187,14 +225,15 @@ class FaultDomain:
             return exc
         rank = str(_rank())
         try:
-            if not is_consequence(exc) and not store.check(["first"]):
+            if not is_consequence(exc) and not _peer_posts(store, exc, self._grace_s()):
                 first, blamed = self._cause(exc, "it")
                 if _post(store, first, _rank() if blamed is None else blamed):
                     return PeerFailed(first) if blamed is not None else exc
             store.wait(["first"], timedelta(seconds=_STORE_TIMEOUT_S))
-            if store.get("first_rank").decode() == rank:
-                return exc  # this rank posted it (its synchronizer's thread, maybe)
             first = store.get("first").decode()
+            if store.get("first_rank").decode() == rank:  # this rank's synchronizer or its
+                # heartbeat posted it, maybe for a stall that left training in a collective
+                return exc if first == failure_message(exc) else FirstFailure(first)
         except RuntimeError:  # no post in time, or the store went away with its host
             return exc
         return PeerFailed(f"{first} (then here: {type(exc).__name__}: {exc})")
@@ -261,6 +300,8 @@ class Heartbeat:
             raise RuntimeError("heartbeat: the job's store (MASTER_ADDR:MASTER_PORT) is "
                                "unreachable")
         self.store = store
+        # Asked every beat for this rank's own synchronizer stall (FaultDomain.watch_sync).
+        self.own_stall: Callable[[], BaseException | None] | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="shadowsync-heartbeat",
                                         daemon=True)
@@ -317,6 +358,7 @@ class Heartbeat:
             now = time.monotonic()
             try:
                 self.store.add(f"alive/{self.rank}", 1)
+                self._post_own_stall()
                 count = _beats(self.store, peer)
                 if self.store.check(["silent"]):
                     self._die(self.store.get("silent").decode())
@@ -336,6 +378,16 @@ class Heartbeat:
                     _post(failures, message, peer)
                 self._end_silent(peer, message)
                 self._die(message)
+
+    def _post_own_stall(self) -> None:
+        """Posts this rank's synchronizer stall, once, unless a failure was posted first."""
+        stall = self.own_stall() if self.own_stall is not None else None
+        if stall is None:
+            return
+        self.own_stall = None
+        failures = _job_store("failure")
+        if failures is not None and not failures.check(["first"]):
+            _post(failures, failure_message(stall, self.rank), self.rank)
 
     def _end_silent(self, rank: int, message: str) -> None:
         """The one place this package ends a process: ``rank``, silent and on this host, gets

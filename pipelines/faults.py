@@ -23,7 +23,7 @@ code  meaning
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -31,11 +31,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
-from shadowsync.sync.runner import PeerAborted
+from shadowsync.sync.protocol import CollectiveFailed, PeerAborted, RoundStalled
 
 __all__ = ["FAILURES", "PREEMPTED_EXIT_CODE", "Control", "FiniteWatch", "NonFiniteValue",
            "PeerFailed", "PeerNonFinite", "is_consequence", "non_finite_message",
-           "raise_if_non_finite"]
+           "raise_if_non_finite", "waits_on_a_peer"]
 
 PREEMPTED_EXIT_CODE = 128 + signal.SIGTERM
 # What a rank's failure may be: PyTorch's CheckpointException derives from BaseException.
@@ -46,16 +46,27 @@ class PeerFailed(RuntimeError):
     """This rank stopped because another rank failed first (the message names it)."""
 
 
-def is_consequence(exc: BaseException | None) -> bool:
-    """Whether ``exc`` (or what caused it) says that another rank failed first. A chain of
-    causes that loops back is followed once round."""
+def _causes(exc: BaseException | None) -> Iterator[BaseException]:
+    """``exc`` and what caused it; a chain of causes that loops back is followed once round."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
-        if isinstance(exc, (PeerAborted, PeerNonFinite, PeerFailed)):
-            return True
+        yield exc
         seen.add(id(exc))
         exc = exc.__cause__
-    return False
+
+
+def is_consequence(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (or what caused it) says that another rank failed first."""
+    return any(isinstance(e, (PeerAborted, PeerNonFinite, PeerFailed)) for e in _causes(exc))
+
+
+def waits_on_a_peer(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (or what caused it) is a synchronization round that failed in its
+    collective (:class:`~shadowsync.sync.protocol.CollectiveFailed`) or stalled while this
+    rank waited there for a peer's part: the cause is likely a peer's, which finds its own
+    stall at about the same deadline."""
+    return any(isinstance(e, CollectiveFailed) or (isinstance(e, RoundStalled)
+                                                   and e.in_collective) for e in _causes(exc))
 
 
 class Control:

@@ -115,6 +115,7 @@ class Trainer:
         self.domain = FaultDomain() if domain is None else domain
         self.wrapper = build_replica_wrapper(cfg.sync) if wrapper is None else wrapper
         self.wrapper.failure_hook = self.domain.claim
+        self.domain.watch_sync(self.wrapper.own_stall)
         self.dmp, self.plan = build_sharded_model(cfg, dataset.spec, env, self.wrapper)
         self.optimizer = build_optimizer(cfg, self.dmp)
         self.pipeline = TrainPipelineSparseDist(self.dmp, self.optimizer, env.device)

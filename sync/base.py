@@ -152,6 +152,12 @@ class SyncRunner(abc.ABC):
         raises it; None while it has not failed."""
         return self._failure
 
+    def own_stall(self) -> SyncError | None:
+        """Any thread: a stall of this rank's own round that training may not find (see
+        :meth:`~.runner.ShadowSyncRunner.own_stall`); None where rounds run in training's
+        own thread."""
+        return None
+
     def stats(self) -> SyncStats:
         """Telemetry of this rank so far."""
         return self._telemetry.stats(self._mode_stats())

@@ -105,6 +105,11 @@ class ReplicaHooks:
         :meth:`~.runner.SyncRunner.failure`)."""
         return None
 
+    def own_stall(self) -> BaseException | None:
+        """Any thread: a stall of this rank's own synchronizer that fails the job (see
+        :meth:`~.runner.SyncRunner.own_stall`), or None."""
+        return None
+
     @classmethod
     def from_config(cls, cfg: SyncConfig) -> ReplicaHooks:
         """The wrapper for ``cfg`` (a baseline reads none of it)."""

@@ -80,6 +80,12 @@ class HandOff:
         with self._cond:
             return self._flight
 
+    def unanswered(self) -> Job | None:
+        """Any thread: the job in flight while the sync thread has posted neither its result
+        nor a failure (None: idle, or answered)."""
+        with self._cond:
+            return self._flight if self._result is None and self._error is None else None
+
     @property
     def error(self) -> BaseException | None:
         """What the sync thread failed with, if it did."""

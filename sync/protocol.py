@@ -35,8 +35,9 @@ from torch.profiler import record_function
 
 from shadowsync.sync.clock import Clock
 
-__all__ = ["MAX_PAUSE_STEPS", "Agreement", "NonFiniteError", "PeerAborted", "SyncError", "Wire",
-           "average_", "broadcast_", "check_params", "new_sync_group", "views"]
+__all__ = ["MAX_PAUSE_STEPS", "Agreement", "CollectiveFailed", "NonFiniteError", "PeerAborted",
+           "RoundStalled", "SyncError", "Wire", "average_", "broadcast_", "check_params",
+           "new_sync_group", "views"]
 
 # The control slots after the payload; the abort flags start at _FLAGS.
 _STOP, _PAUSE, _CHUNK, _FLAGS = range(4)
@@ -50,6 +51,23 @@ class SyncError(RuntimeError):
 class PeerAborted(SyncError):
     """Another rank's synchronization failed and told this one so (the abort flag): a
     consequence, not a cause; that rank reports the cause."""
+
+
+class CollectiveFailed(RuntimeError):
+    """A round's collective raised (the group's timeout while a peer's part never came, or a
+    broken connection): likely a peer's failure, which that peer reports."""
+
+
+class RoundStalled(TimeoutError):
+    """A round stayed in flight past the synchronizer's deadline. ``in_collective``: this
+    rank's part was in the round's collective, waiting for a peer's (a peer stalled first, or
+    is slower than the deadline); else its own round never reached the collective."""
+
+    def __init__(self, message: str, in_collective: bool) -> None:
+        where = ("waiting in the collective for a peer's part" if in_collective
+                 else "this rank's round did not reach the collective")
+        super().__init__(f"{message}: {where}")
+        self.in_collective = in_collective
 
 
 class NonFiniteError(SyncError):
@@ -130,6 +148,9 @@ class Wire:
                              else max(1, chunk_bytes // self.buffer.element_size()))
         self._clock = clock
         self.broken = False  # a collective raised: the group is in doubt, send nothing more
+        # In a round's collectives (set by the thread that runs rounds, read by training when
+        # a round stalls): waiting there is waiting for a peer's part.
+        self.in_collective = False
 
     @property
     def payload(self) -> Tensor:
@@ -167,17 +188,24 @@ class Wire:
             began = self._clock.now()
             paused, fastest = 0.0, math.inf
             chunks = buf.split(self._chunk_numel)
-            for i, chunk in enumerate(chunks):
-                sent = self._clock.now()
-                try:
-                    dist.all_reduce(chunk, op=dist.ReduceOp.SUM, group=self.group)
-                except BaseException:
-                    self.broken = True
-                    raise
-                fastest = min(fastest, self._clock.now() - sent)
-                if pause_between_chunks is not None and i + 1 < len(chunks):
-                    paused += pause_between_chunks(fastest)
-            reduced = buf[n:].tolist()
+            self.in_collective = True
+            try:
+                for i, chunk in enumerate(chunks):
+                    sent = self._clock.now()
+                    try:
+                        dist.all_reduce(chunk, op=dist.ReduceOp.SUM, group=self.group)
+                    except Exception as e:
+                        self.broken = True
+                        raise CollectiveFailed(f"{type(e).__name__}: {e}") from e
+                    except BaseException:
+                        self.broken = True
+                        raise
+                    fastest = min(fastest, self._clock.now() - sent)
+                    if pause_between_chunks is not None and i + 1 < len(chunks):
+                        paused += pause_between_chunks(fastest)
+                reduced = buf[n:].tolist()
+            finally:
+                self.in_collective = False
             comm_s = self._clock.now() - began - paused
         aborted = [dist.get_global_rank(self.group, r)
                    for r, flag in enumerate(reduced[_FLAGS:]) if flag > 0 and r != self.rank]

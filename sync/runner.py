@@ -55,6 +55,7 @@ from shadowsync.sync.pacing import CommShare, Interval, Pacer, Pacing, RoundTime
 from shadowsync.sync.protocol import (
     NonFiniteError,
     PeerAborted,
+    RoundStalled,
     SyncError,
     average_,
     broadcast_,
@@ -313,9 +314,7 @@ class ShadowSyncRunner(SyncRunner):
         if result is None:
             self._raise_if_failed()
             if must or (deadline is not None and self._clock.now() > deadline):
-                self._handoff.fail(TimeoutError(
-                    f"round {self._telemetry.counters.rounds + 1} stalled: in flight for more "
-                    f"than {self._deadline_s} s (snapshot of step {job.step})"))
+                self._handoff.fail(self._stalled(job, self._wire.in_collective))
                 self._raise_if_failed()
             return None
         self._apply(result, step)
@@ -323,6 +322,24 @@ class ShadowSyncRunner(SyncRunner):
         self._telemetry.counters.next_snapshot = landed + result.agreement.pause_steps
         self._agreed_stop = result.agreement.stop
         return result
+
+    def _stalled(self, job: Job, in_collective: bool) -> RoundStalled:
+        return RoundStalled(
+            f"round {self._telemetry.counters.rounds + 1} stalled: in flight for more than "
+            f"{self._deadline_s} s (snapshot of step {job.step})", in_collective)
+
+    def own_stall(self) -> SyncError | None:
+        """Any thread, changing nothing: this rank's round in flight, if it stayed past
+        ``deadline_s`` short of its collective (a stall of this rank's own), as training
+        would raise it at its next call; else None. Training may never make that call: it
+        can sit in a collective with a peer that found its round waiting for this one's and
+        stopped."""
+        job = self._handoff.unanswered()
+        deadline = None if job is None else self._deadline(job.given_at)
+        if job is None or deadline is None or self._clock.now() <= deadline \
+                or self._wire.in_collective:
+            return None
+        return self._as_sync_error(self._stalled(job, in_collective=False))
 
     def _give(self, step: int, stop: bool) -> None:
         with record_function("shadowsync.snapshot"):

@@ -272,6 +272,12 @@ class ShadowSyncReplicas(LocalReplicas):
     def sync_failure(self) -> BaseException | None:
         return None if self.runner is None else self.runner.failure()
 
+    def own_stall(self) -> BaseException | None:
+        if self.cfg.failure.on_failure != "raise" or self.runner is None \
+                or self.phase is not Phase.RUNNING:
+            return None  # with degrade, the ranks agree on a stall where training finds it
+        return self.runner.own_stall()
+
     def degrade(self, ranks: list[int]) -> None:
         self._expect("degrade", Phase.RUNNING, Phase.FAILED, Phase.DEGRADED)
         if self.phase is not Phase.DEGRADED:

@@ -347,6 +347,27 @@ def test_failed_sync_round_stops_the_job() -> None:
             job.since_fault())
 
 
+@pytest.mark.parametrize("victim", [0, 1])
+def test_a_stalled_round_is_blamed_on_the_rank_whose_round_stalled(victim: int) -> None:
+    """#46: both ranks' rounds pass the same stall deadline within moments, and the rank
+    waiting in the collective for the stalled one's part used to be blamed as often as not.
+    It now gives the stalled rank a grace to post first, and names it."""
+    job = torchrun([*SHADOW, "train.steps=400"], fault=f"rank{victim}:stall-sync@5")
+    peer = 1 - victim
+    assert job.rc == 1, job.log[-3000:]
+    cause = (rf"rank {victim} failed: SyncError: rank {victim}: synchronization failed: "
+             r"RoundStalled: round \d+ stalled: in flight for more than 3.0 s \(snapshot of step "
+             r"\d+\): this rank's round did not reach the collective")
+    assert re.search(rf"rank {peer} failed: PeerFailed: {cause}", job.log), job.log[-3000:]
+    assert _root_cause(job.log) == victim, job.log[-3000:]
+    assert f"rank {victim} failed: PeerFailed" not in job.log
+    assert job.since_fault() < EXIT_BOUND_S
+    _report(f"sync strategy of rank {victim} stalls in round 5 (`raise`)", job,
+            f"`rank {victim} failed: SyncError: ... RoundStalled: ... did not reach the "
+            f"collective`; rank {peer} `PeerFailed: rank {victim} failed: ...`",
+            job.since_fault())
+
+
 def test_stalled_sync_degrades_and_rejoins(tmp_path: Path) -> None:
     job = torchrun([*SHADOW, "sync.failure.on_failure=degrade",
                     "sync.failure.rejoin_after_steps=20", "train.steps=400",
