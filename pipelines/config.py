@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import logging
 import os
 import re
@@ -154,10 +155,14 @@ class CheckpointConfig:
 @dataclass
 class LoggingConfig:
     """Training records' NE, AUC and calibration over a window of the ``window_examples`` most
-    recent examples of all ranks (:class:`~shadowsync.pipelines.metrics.TrainingMetrics`)."""
+    recent examples of all ranks (:class:`~shadowsync.pipelines.metrics.TrainingMetrics`).
+    ``tensorboard``: rank 0 also writes every numeric value of every record as TensorBoard
+    scalars (``train/``, ``eval/``, ``sync/``) in ``output_dir/tensorboard`` (needs
+    ``output_dir`` and the ``tensorboard`` extra)."""
 
     window_examples: int = 100_000
     progress_bar: bool = True
+    tensorboard: bool = False
 
 
 @dataclass
@@ -208,6 +213,11 @@ class RunConfig:
                 raise ValueError(f"{key} must be positive, got {amount}")
         if self.checkpoint.every_steps is not None and self.checkpoint.dir is None:
             raise ValueError("checkpoint.every_steps needs checkpoint.dir")
+        if self.logging.tensorboard and self.output_dir is None:
+            raise ValueError("logging.tensorboard writes beside metrics.jsonl: set output_dir")
+        if self.logging.tensorboard and importlib.util.find_spec("tensorboard") is None:
+            raise ValueError("logging.tensorboard needs the tensorboard package: pip install "
+                             "'shadowsync[tensorboard]' (scripts/install.sh installs it)")
         if not 0 < 3 * self.train.heartbeat_s <= self.train.heartbeat_timeout_s:
             t = self.train
             raise ValueError(f"train.heartbeat_timeout_s ({t.heartbeat_timeout_s}) must be at "

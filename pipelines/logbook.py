@@ -11,10 +11,13 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from tqdm import tqdm
+
+if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
 
 from shadowsync.pipelines.build import DistEnv
 from shadowsync.pipelines.callbacks import Callbacks
@@ -23,6 +26,19 @@ from shadowsync.pipelines.console import ConsoleLog
 from shadowsync.pipelines.metrics import TrainingMetrics
 
 logger = logging.getLogger("shadowsync.train")
+
+
+def board_scalars(record: dict[str, Any]) -> dict[str, float]:
+    """A record's numeric values under TensorBoard tags: ``eval/auc`` for ``eval_auc``,
+    ``sync/gap_mean`` for ``sync_gap_mean``, ``train/loss`` for the rest of a training record;
+    ``step``, and what is not a number (a checkpoint's path), are left out."""
+    tags = {}
+    for key, value in record.items():
+        if key == "step" or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        group, _, name = key.partition("_")
+        tags[f"{group}/{name}" if group in ("eval", "sync") else f"train/{key}"] = float(value)
+    return tags
 
 
 class Logbook:
@@ -56,6 +72,11 @@ class Logbook:
         self._since = (time.perf_counter(), 0)  # the last training record: when, which step
         self._losses: list[torch.Tensor] = []  # since the last record, summed there
         self._bar: tqdm[Any] | None = None
+        self._board: SummaryWriter | None = None
+        if cfg.logging.tensorboard and env.rank == 0 and self.out_dir is not None:
+            from torch.utils.tensorboard import SummaryWriter  # the optional extra
+
+            self._board = SummaryWriter(log_dir=str(self.out_dir / "tensorboard"))
 
     def open(self, step: int) -> None:
         """Training (re)starts after ``step``: the progress bar (rank 0, on a terminal, if
@@ -68,9 +89,13 @@ class Logbook:
         self._since = (time.perf_counter(), step)
 
     def close(self) -> None:
+        """Closes the progress bar and the TensorBoard writer (after the last record)."""
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+        if self._board is not None:
+            self._board.close()
+            self._board = None
 
     def add(self, loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor) -> None:
         """A training step's outputs, for the next training record (no host sync)."""
@@ -92,6 +117,10 @@ class Logbook:
             if self.out_dir is not None:
                 with open(self.out_dir / "metrics.jsonl", "a") as f:
                     f.write(json.dumps({**record, "time": round(time.time(), 3)}) + "\n")
+            if self._board is not None and not record.get("summary"):
+                for tag, value in board_scalars(record).items():
+                    self._board.add_scalar(tag, value, record["step"])
+                self._board.flush()
 
     def start(self, step: int) -> None:
         """Collective: the training record of ``step``, over the losses since the last one.

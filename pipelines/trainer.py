@@ -309,7 +309,6 @@ class Trainer:
     def _end(self, preempted: bool, train_s: float, steps: int) -> dict[str, Any]:
         """The synchronizer's final sync, a last checkpoint, the final evaluation (not after a
         stop) and the summary of the ``steps`` trained in ``train_s`` seconds."""
-        self.log.close()
         self.wrapper.finish()
         self.checkpoints.save()
         final = {} if preempted else self.evaluator.evaluate(self.step)
@@ -323,4 +322,5 @@ class Trainer:
             **{f"sync_{k}": v for k, v in self.wrapper.stats().items()},
         }
         self.log.log({"summary": True, **summary})
+        self.log.close()
         return summary

