@@ -21,7 +21,10 @@ decide                 the first cause wins: the job's store keeps the first fai
                        the one that does not. A rank never names itself as its own peer.
                        A rank whose synchronization round stalled while it waited in the
                        round's collective (:func:`~.faults.waits_on_a_peer`) first gives
-                       the peer it waits on, which passes the same deadline, a grace to post
+                       the peer it waits on, which passes the same deadline, a grace to post.
+                       A failure raised alike on every rank after an agreement (a checkpoint
+                       that does not load) is posted by rank 0 only, for the job
+                       (:func:`agreed_culprit`)
 tell                   the post, and the heartbeat's ``silent`` key, which every rank's
                        heartbeat reads within a beat
 report                 one console line ``rank N failed: ...``; the traceback only of a
@@ -60,7 +63,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from shadowsync.pipelines import checkpoint
 from shadowsync.pipelines.console import leave_error
-from shadowsync.pipelines.faults import PeerFailed, is_consequence, waits_on_a_peer
+from shadowsync.pipelines.faults import PeerFailed, causes, is_consequence, waits_on_a_peer
 
 __all__ = ["FaultDomain", "Heartbeat"]
 
@@ -116,6 +119,15 @@ def _first_time(store: dist.Store | None) -> float | None:
     except (RuntimeError, ValueError):
         pass
     return None
+
+
+def agreed_culprit(exc: BaseException) -> int | None:
+    """For a failure the ranks agreed on and raise alike, the rank that reports it for the
+    job, rank 0 (the others wait for its post): a checkpoint that does not load
+    (:class:`~.checkpoint.CheckpointUnreadable`, whose message names each failing file and
+    the rank that read it). None for a failure of a rank's own."""
+    agreed = any(isinstance(e, checkpoint.CheckpointUnreadable) for e in causes(exc))
+    return 0 if agreed else None
 
 
 def _peer_posts(store: dist.Store, exc: BaseException, grace_s: float) -> bool:
@@ -224,8 +236,10 @@ class FaultDomain:
         if store is None:
             return exc
         rank = str(_rank())
+        culprit = agreed_culprit(exc)
         try:
-            if not is_consequence(exc) and not _peer_posts(store, exc, self._grace_s()):
+            if not is_consequence(exc) and culprit in (None, _rank()) \
+                    and not _peer_posts(store, exc, self._grace_s()):
                 first, blamed = self._cause(exc, "it")
                 if _post(store, first, _rank() if blamed is None else blamed):
                     return PeerFailed(first) if blamed is not None else exc
@@ -236,6 +250,8 @@ class FaultDomain:
                 return exc if first == failure_message(exc) else FirstFailure(first)
         except RuntimeError:  # no post in time, or the store went away with its host
             return exc
+        if culprit is not None:  # the same error here: no need to say it twice
+            return PeerFailed(first)
         return PeerFailed(f"{first} (then here: {type(exc).__name__}: {exc})")
 
     def _cause(self, exc: BaseException, who: str) -> tuple[str, int | None]:

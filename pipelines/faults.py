@@ -34,7 +34,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from shadowsync.sync.protocol import CollectiveFailed, PeerAborted, RoundStalled
 
 __all__ = ["FAILURES", "PREEMPTED_EXIT_CODE", "Control", "FiniteWatch", "NonFiniteValue",
-           "PeerFailed", "PeerNonFinite", "is_consequence", "non_finite_message",
+           "PeerFailed", "PeerNonFinite", "causes", "is_consequence", "non_finite_message",
            "raise_if_non_finite", "waits_on_a_peer"]
 
 PREEMPTED_EXIT_CODE = 128 + signal.SIGTERM
@@ -46,7 +46,7 @@ class PeerFailed(RuntimeError):
     """This rank stopped because another rank failed first (the message names it)."""
 
 
-def _causes(exc: BaseException | None) -> Iterator[BaseException]:
+def causes(exc: BaseException | None) -> Iterator[BaseException]:
     """``exc`` and what caused it; a chain of causes that loops back is followed once round."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
@@ -57,7 +57,7 @@ def _causes(exc: BaseException | None) -> Iterator[BaseException]:
 
 def is_consequence(exc: BaseException | None) -> bool:
     """Whether ``exc`` (or what caused it) says that another rank failed first."""
-    return any(isinstance(e, (PeerAborted, PeerNonFinite, PeerFailed)) for e in _causes(exc))
+    return any(isinstance(e, (PeerAborted, PeerNonFinite, PeerFailed)) for e in causes(exc))
 
 
 def waits_on_a_peer(exc: BaseException | None) -> bool:
@@ -66,7 +66,7 @@ def waits_on_a_peer(exc: BaseException | None) -> bool:
     rank waited there for a peer's part: the cause is likely a peer's, which finds its own
     stall at about the same deadline."""
     return any(isinstance(e, CollectiveFailed) or (isinstance(e, RoundStalled)
-                                                   and e.in_collective) for e in _causes(exc))
+                                                   and e.in_collective) for e in causes(exc))
 
 
 class Control:

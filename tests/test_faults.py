@@ -347,6 +347,30 @@ def test_failed_sync_round_stops_the_job() -> None:
             job.since_fault())
 
 
+def test_every_checkpoint_unreadable_is_reported_once_by_rank_0(
+    tmp_path: Path,
+) -> None:
+    """#46: when every checkpoint's rank-1 file is corrupt, every rank raises the same agreed
+    error (naming the files) and either rank used to be blamed, whichever posted first; rank
+    0 reports it now, for the job, on the first launch and on the relaunch that finds only
+    set-aside checkpoints."""
+    common = [f"checkpoint.dir={tmp_path}", "checkpoint.every_steps=10", "checkpoint.keep=null"]
+    assert torchrun([*common, "train.steps=20"]).rc == 0
+    for step in (10, 20):
+        (tmp_path / f"step_{step:08d}" / "rank_00001.pt").write_bytes(b"not a checkpoint")
+    culprit = 0
+    for launch in (1, 2):  # the corrupt files; then only set-aside folders are left
+        job = torchrun([*common, "train.steps=30"])
+        assert job.rc == 1 and _root_cause(job.log) == culprit, job.log[-3000:]
+        assert re.search(rf"rank {1 - culprit} failed: PeerFailed: rank {culprit} failed: "
+                         r"CheckpointUnreadable: no complete checkpoint", job.log), job.log[-3000:]
+        assert f"rank {1 - culprit} failed: CheckpointUnreadable" not in job.log
+        assert launch == 2 or "rank_00001.pt" in job.log
+        _report(f"every checkpoint's rank 1 file corrupt, launch {launch}", job,
+                f"`rank {culprit} failed: CheckpointUnreadable: no complete checkpoint ...`; "
+                f"rank {1 - culprit} `PeerFailed: rank {culprit} failed: ...`")
+
+
 @pytest.mark.parametrize("victim", [0, 1])
 def test_a_stalled_round_is_blamed_on_the_rank_whose_round_stalled(victim: int) -> None:
     """#46: both ranks' rounds pass the same stall deadline within moments, and the rank
