@@ -30,7 +30,7 @@ from shadowsync.pipelines.config import dump_config, load_config
 from shadowsync.pipelines.evaluate import evaluate_checkpoint
 from shadowsync.pipelines.train import Trainer, init_distributed
 from shadowsync.sync.wrapper import dense_parameters
-from tests._dist import run_ranks
+from shadowsync.testing import run_ranks
 from tests.test_train import SMALL
 
 

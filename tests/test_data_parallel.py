@@ -22,7 +22,7 @@ from shadowsync.pipelines.build import (
 )
 from shadowsync.pipelines.config import RunConfig, load_config
 from shadowsync.sync.wrapper import build_replica_wrapper, data_parallel_table_parameters
-from tests._dist import run_ranks
+from shadowsync.testing import run_ranks
 
 FBGEMM_WARNING = "fbgemm::dense_embedding_codegen_lookup_function: an autograd kernel"
 OVERRIDES = [

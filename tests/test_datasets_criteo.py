@@ -29,7 +29,7 @@ from shadowsync.datasets.criteo_preprocess import main as preprocess_main
 from shadowsync.pipelines.config import load_config
 from shadowsync.pipelines.train import Trainer, init_distributed, plan_ranks
 from shadowsync.sync.wrapper import dense_parameters
-from tests._dist import run_ranks
+from shadowsync.testing import run_ranks
 
 HEX = "0a1b2c3d"
 

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from shadowsync.pipelines.metrics import auc, binary_metrics, gather_metrics
-from tests._dist import run_ranks
+from shadowsync.testing import run_ranks
 
 
 def _reference(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:

@@ -44,8 +44,8 @@ from shadowsync.pipelines.evaluate import checkpoint_config, evaluate_checkpoint
 from shadowsync.pipelines.metrics import gather_metrics
 from shadowsync.pipelines.train import Trainer, init_distributed
 from shadowsync.sync.wrapper import dense_parameters
+from shadowsync.testing import run_ranks
 from shadowsync.torchx_components.train import evaluate as evaluate_component
-from tests._dist import run_ranks
 from tests.test_train import SMALL
 
 DATA = [o for o in SMALL if not o.startswith("model.")]

@@ -44,7 +44,7 @@ from shadowsync.sync.strategies import (
     SyncStrategy,
 )
 from shadowsync.sync.wrapper import ShadowSyncReplicas
-from tests._dist import run_ranks
+from shadowsync.testing import run_ranks
 from tests._sync import (
     Recording,
     flat,

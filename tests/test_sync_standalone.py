@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests._dist import free_port
+from shadowsync.testing import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -12,7 +12,7 @@ from shadowsync.datasets import build_dataset
 from shadowsync.pipelines.config import load_config
 from shadowsync.pipelines.train import Trainer, init_distributed, plan_ranks
 from shadowsync.sync.wrapper import dense_parameters
-from tests._dist import run_ranks
+from shadowsync.testing import run_ranks
 from tests._gc import collections
 
 # Small and quick, with the planted signal intact: 26 tables of 2,000 rows, one epoch of

@@ -14,7 +14,7 @@ from shadowsync.sync.config import SyncConfig
 from shadowsync.sync.runner import SyncError
 from shadowsync.sync.strategies import ModelAveraging
 from shadowsync.sync.wrapper import Phase, ShadowSyncReplicas
-from tests._dist import run_ranks
+from shadowsync.testing import run_ranks
 
 
 class _Flaky(ModelAveraging):
