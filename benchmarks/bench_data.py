@@ -22,7 +22,7 @@ the first and the last of 4 ranks wait for their first ``criteo_tsv`` batch when
 gzip (the last one decompresses and drops the three shares before its own) and when it is
 not (it seeks), with gzip's decompression rate.
 
-    python benchmarks/bench_data.py --rows 200000 --rounds 5
+    python -m shadowsync.benchmarks.bench_data --rows 200000 --rounds 5
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from torchrec.datasets.criteo import (
 )
 from torchrec.datasets.utils import Batch
 
+from shadowsync.benchmarks.report import markdown_table
 from shadowsync.datasets import CriteoNpy, CriteoTSV, SyntheticCriteo, write_criteo_tsv
 from shadowsync.datasets.batching import make_batch
 from shadowsync.datasets.criteo_npy import npy_paths
@@ -160,30 +161,20 @@ def main() -> None:
             inflate.append(size / (time.perf_counter() - start))
 
     print(f"\n{args.rows:,} rows, batch size {b}, {args.rounds} interleaved rounds\n")
-    print("| reader | rows | rows/s (median) | rows/s (min - max) |")
-    print("|---|---:|---:|---:|")
-    for name in [*readers, *npy_readers]:
-        times = seconds[name]
-        rates = [rows[name] / t for t in times]
-        print(
-            f"| {name} | {rows[name]:,} | {statistics.median(rates):,.0f} "
-            f"| {min(rates):,.0f} - {max(rates):,.0f} |"
-        )
-    for name, n, t in once:
-        print(f"| {name} | {n:,} | {n / t:,.0f} | (one run) |")
-    print("\n| criteo_tsv, first batch of a rank (4 ranks) | seconds (median) | min - max |")
-    print("|---|---:|---:|")
-    for name in starts:
-        print(
-            f"| {name} | {statistics.median(seconds[name]):.2f} "
-            f"| {min(seconds[name]):.2f} - {max(seconds[name]):.2f} |"
-        )
+    rates = {name: [rows[name] / t for t in seconds[name]] for name in [*readers, *npy_readers]}
+    print(markdown_table(
+        ["reader", "rows", "rows/s (median)", "rows/s (min - max)"],
+        [*([name, f"{rows[name]:,}", f"{statistics.median(r):,.0f}",
+            f"{min(r):,.0f} - {max(r):,.0f}"] for name, r in rates.items()),
+         *([name, f"{n:,}", f"{n / t:,.0f}", "(one run)"] for name, n, t in once)], "lrrr"))
+    print("\n" + markdown_table(
+        ["criteo_tsv, first batch of a rank (4 ranks)", "seconds (median)", "min - max"],
+        [[name, f"{statistics.median(seconds[name]):.2f}",
+          f"{min(seconds[name]):.2f} - {max(seconds[name]):.2f}"] for name in starts], "lrr"))
     print(
         f"\ngzip decompression: {statistics.median(inflate) / 1e6:.0f} MB/s of text "
         f"({min(inflate) / 1e6:.0f} - {max(inflate) / 1e6:.0f})"
     )
-    print("\n| ours / TorchRec's, per round | median | min - max |")
-    print("|---|---:|---:|")
     npy_pair = ("criteo_npy (mmap)", "TorchRec InMemoryBinaryCriteoIterDataPipe (mmap)")
     pairs = [
         ("criteo_tsv", "TorchRec CriteoIterDataPipe -> Batch", "", seconds),
@@ -191,15 +182,16 @@ def main() -> None:
         (*npy_pair, "", seconds),
         (*npy_pair, ", CPU time", cpu),
     ]
+    cells = []
     for a, theirs, measure, times in pairs:
         ratios = [
             (rows[a] / ta) / (rows[theirs] / tb)
             for ta, tb in zip(times[a], times[theirs], strict=True)
         ]
-        print(
-            f"| {a} / {theirs}{measure} | {statistics.median(ratios):.2f}x "
-            f"| {min(ratios):.2f}x - {max(ratios):.2f}x |"
-        )
+        cells.append([f"{a} / {theirs}{measure}", f"{statistics.median(ratios):.2f}x",
+                      f"{min(ratios):.2f}x - {max(ratios):.2f}x"])
+    print("\n" + markdown_table(["ours / TorchRec's, per round", "median", "min - max"], cells,
+                                "lrr"))
 
 
 if __name__ == "__main__":

@@ -23,8 +23,8 @@ the loop's own time per step: its wall time minus the time inside
 the ratio of examples/s drifts by several percent between runs; the own time is the cost of
 the loop itself, measured within one run. Run on 2 CPU ranks::
 
-    .venv/bin/torchrun --nproc_per_node 2 benchmarks/bench_loop.py --config movielens_1m \\
-        --steps 600 --repeats 5
+    .venv/bin/torchrun --nproc_per_node 2 -m shadowsync.benchmarks.bench_loop \\
+        --config movielens_1m --steps 600 --repeats 5
 
 ``--interleave B`` runs each pair in one job instead, in blocks of ``B`` steps: while ours
 trains, every ``B`` of its steps the reference (built beside it in the same processes, on its
@@ -46,8 +46,8 @@ what it costs them is ours'. A run longer than an epoch takes as many epochs as 
 both sides, each side's pipeline draining at every epoch's end (TorchRec's DLRM example
 makes a fresh iterator an epoch); each repeat's ratio reads closer with more steps::
 
-    .venv/bin/torchrun --nproc_per_node 2 benchmarks/bench_loop.py --config movielens_1m \\
-        --steps 800 --repeats 6 --interleave 1 --aa
+    .venv/bin/torchrun --nproc_per_node 2 -m shadowsync.benchmarks.bench_loop \\
+        --config movielens_1m --steps 800 --repeats 6 --interleave 1 --aa
 
 ``--aa`` (with ``--interleave``) adds A/A pairs: a second TorchRec loop, built after the
 reference, in ours' place. Its ratio to the reference is what the measurement reads between
@@ -75,8 +75,8 @@ the A/A pair as ``--aa`` adds it: what each feature costs, as a ratio and as how
 TorchRec's own steps ran inside ours than inside the reference's blocks (work of ours that runs
 beside TorchRec's communication on shared cores shows there, not in ours' own time)::
 
-    .venv/bin/torchrun --nproc_per_node 2 benchmarks/bench_loop.py --config movielens_1m \\
-        --steps 800 --repeats 3 --interleave 50 --aa --ablate ddp
+    .venv/bin/torchrun --nproc_per_node 2 -m shadowsync.benchmarks.bench_loop \\
+        --config movielens_1m --steps 800 --repeats 3 --interleave 50 --aa --ablate ddp
 
 ``--profile DIR`` instead runs each loop once under ``torch.profiler`` and prints where the
 time of a step goes, by ``record_function`` label (the trainer's ``## shadowsync ... ##``
@@ -89,7 +89,6 @@ import argparse
 import collections
 import contextlib
 import io
-import json
 import logging
 import re
 import statistics
@@ -104,6 +103,7 @@ import torch.distributed as dist
 from torchrec.distributed.model_parallel import DefaultDataParallelWrapper
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 
+from shadowsync.benchmarks.report import markdown_table, median_spread, write_json
 from shadowsync.datasets import RecDataset, build_dataset
 from shadowsync.pipelines import train
 from shadowsync.pipelines.build import (
@@ -216,17 +216,13 @@ def ablation_row(name: str, repeat: int, ref: dict[str, float], ours: dict[str, 
 def ablation_table(rows: list[dict[str, Any]]) -> str:
     """Per variant of ``--ablate`` (and the A/A pair, if run): the ratio, ours' own ms a
     step and TorchRec's steps inside ours against inside the reference, median [min, max]."""
-    def cell(values: list[float]) -> str:
-        return f"{statistics.median(values):.3f} [{min(values):.3f}, {max(values):.3f}]"
-
-    lines = ["| ours | ratio to its reference | own ms/step | TorchRec's steps inside ours / "
-             "inside the reference |", "|---|---:|---:|---:|"]
+    cells = []
     for name in dict.fromkeys(r["variant"] for r in rows):
         mine = [r for r in rows if r["variant"] == name]
-        lines.append(f"| {name} | {cell([r['ratio'] for r in mine])} | "
-                     f"{cell([r['own_ms_per_step'] for r in mine])} | "
-                     f"{cell([r['inside'] for r in mine])} |")
-    return "\n".join(lines)
+        cells.append([name, *(median_spread([r[k] for r in mine])
+                              for k in ("ratio", "own_ms_per_step", "inside"))])
+    return markdown_table(["ours", "ratio to its reference", "own ms/step",
+                           "TorchRec's steps inside ours / inside the reference"], cells, "lrrr")
 
 
 def reference(cfg: RunConfig, env: DistEnv) -> tuple[TrainPipelineSparseDist, Iterator[Any]]:
@@ -451,24 +447,22 @@ def interleaved(pair: tuple[str, str], preset: str, steps: int, block: int,
 def table(rows: list[dict[str, Any]]) -> str:
     """Per arm: median examples/s; ours against its reference run by run (same repeat); the
     loop's own time per step outside TorchRec's pipeline, and its share of the step."""
-    def spread(values: list[float], digits: int) -> str:
-        return (f"{statistics.median(values):.{digits}f} "
-                f"[{min(values):.{digits}f}, {max(values):.{digits}f}]")
-
     by = {(r["arm"], r["repeat"]): r for r in rows}
     repeats = sorted({r["repeat"] for r in rows})
-    lines = ["| arm | examples/s | ratio to its reference, median [min, max] | own ms/step, "
-             "median [min, max] | own share of the step |", "|---|---:|---:|---:|---:|"]
+    cells = []
     pairs = {**PAIRS, **AA}
     for arm in [*ARMS, *(a for a in AA if (a, repeats[0]) in by)]:
         mine = [by[arm, r] for r in repeats]
-        ratio = (spread([by[arm, r]["examples_per_s"] / by[pairs[arm], r]["examples_per_s"]
-                         for r in repeats], 3) if arm in pairs else "-")
+        ratio = (median_spread([by[arm, r]["examples_per_s"]
+                                / by[pairs[arm], r]["examples_per_s"] for r in repeats])
+                 if arm in pairs else "-")
         share = statistics.median(m["own_ms_per_step"] / m["ms_per_step"] for m in mine)
-        lines.append(f"| {arm} | {statistics.median(m['examples_per_s'] for m in mine):,.0f} | "
-                     f"{ratio} | {spread([m['own_ms_per_step'] for m in mine], 3)} | "
-                     f"{share:.1%} |")
-    return "\n".join(lines)
+        cells.append([arm, f"{statistics.median(m['examples_per_s'] for m in mine):,.0f}",
+                      ratio, median_spread([m["own_ms_per_step"] for m in mine]),
+                      f"{share:.1%}"])
+    return markdown_table(["arm", "examples/s", "ratio to its reference, median [min, max]",
+                           "own ms/step, median [min, max]", "own share of the step"],
+                          cells, "lrrrr")
 
 
 def phase_table(rows: list[dict[str, Any]]) -> str:
@@ -476,22 +470,17 @@ def phase_table(rows: list[dict[str, Any]]) -> str:
     of its own time no phase holds, median [min, max] over repeats."""
     ours = [a for a in PAIRS if any(r["arm"] == a and r.get("phase_ms") for r in rows)]
     labels = sorted({k for r in rows for k in r.get("phase_ms", {})})
-    lines = ["| phase (wall ms a step) | " + " | ".join(ours) + " |",
-             "|---|" + "---:|" * len(ours)]
-
-    def cell(values: list[float]) -> str:
-        return (f"{statistics.median(values):.3f} [{min(values):.3f}, {max(values):.3f}]"
-                if values else "-")
-
+    lines = []
     for label in [*labels, "outside every phase"]:
         cells = []
         for arm in ours:
             mine = [r for r in rows if r["arm"] == arm]
-            cells.append(cell([r["own_ms_per_step"] - sum(r["phase_ms"].values())
-                               if label == "outside every phase"
-                               else r["phase_ms"].get(label, 0.0) for r in mine]))
-        lines.append(f"| `{label}` | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+            values = [r["own_ms_per_step"] - sum(r["phase_ms"].values())
+                      if label == "outside every phase"
+                      else r["phase_ms"].get(label, 0.0) for r in mine]
+            cells.append(median_spread(values) if values else "-")
+        lines.append([f"`{label}`", *cells])
+    return markdown_table(["phase (wall ms a step)", *ours], lines, "l" + "r" * len(ours))
 
 
 def profile(preset: str, steps: int, overrides: list[str], env: DistEnv, out: Path) -> str:
@@ -516,12 +505,9 @@ def profile(preset: str, steps: int, overrides: list[str], env: DistEnv, out: Pa
                     key=lambda k: -max(t.get(k, 0.0) for t in per_arm.values()))
     # TorchRec's 20 largest, and every phase of our loop however small
     shown = labels[:20] + [k for k in labels[20:] if k.startswith("shadowsync.")]
-    lines = ["| label (CPU ms per step, inclusive) | " + " | ".join(ARMS) + " |",
-             "|---|" + "---:|" * len(ARMS)]
-    for k in shown:
-        lines.append(f"| `{k}` | " + " | ".join(
-            f"{per_arm[a][k]:.3f}" if k in per_arm[a] else "-" for a in ARMS) + " |")
-    return "\n".join(lines)
+    return markdown_table(["label (CPU ms per step, inclusive)", *ARMS],
+                          [[f"`{k}`", *(f"{per_arm[a][k]:.3f}" if k in per_arm[a] else "-"
+                                        for a in ARMS)] for k in shown], "l" + "r" * len(ARMS))
 
 
 def main() -> int:
@@ -591,7 +577,7 @@ def main() -> int:
         if args.phases:
             print("\n" + phase_table(rows))
         if args.json:
-            args.json.write_text(json.dumps(rows, indent=1))
+            write_json(args.json, rows)
     dist.destroy_process_group()
     return 0
 
@@ -620,7 +606,7 @@ def _ablate_main(args: argparse.Namespace, env: DistEnv) -> int:
               f"{args.repeats} repeats\n")
         print(ablation_table(rows))
         if args.json:
-            args.json.write_text(json.dumps(rows, indent=1))
+            write_json(args.json, rows)
     dist.destroy_process_group()
     return 0
 

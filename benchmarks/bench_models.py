@@ -1,7 +1,7 @@
 """Every zoo model on the same job, one after another in one torchrun job: parameters (dense,
 sparse), examples/s and eval NE/AUC, as a Markdown table on rank 0. Run on 2 CPU ranks::
 
-    nice -n 10 .venv/bin/torchrun --nproc_per_node 2 benchmarks/bench_models.py \\
+    nice -n 10 .venv/bin/torchrun --nproc_per_node 2 -m shadowsync.benchmarks.bench_models \\
         --steps 300 dlrm=movielens_1m dlrm_dcn dlrm_projection deepfm wide_deep dcn autoint
 
 Each argument is a preset (``label=preset`` to name its row); ``--steps`` cuts every run
@@ -12,13 +12,14 @@ every run.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from shadowsync.benchmarks.report import markdown_table, write_json
 from shadowsync.datasets import DataSpec, build_dataset
 from shadowsync.models.config import ModelConfig
 from shadowsync.models.zoo import build_model, sparse_modules
@@ -61,15 +62,14 @@ def main() -> int:
                      "eval_ne": summary["eval_ne"], "eval_auc": summary["eval_auc"],
                      "steps": summary["step"]})
     if env is not None and env.rank == 0:
-        print("| model | preset | dense params | sparse params | examples/s | eval NE | eval AUC |")
-        print("|---|---|---:|---:|---:|---:|---:|")
-        for r in rows:
-            print(f"| {r['model']} | `{r['preset']}` | {r['dense_params']:,} | "
-                  f"{r['sparse_params']:,} | {r['examples_per_s']:,.0f} | {r['eval_ne']:.4f} | "
-                  f"{r['eval_auc']:.4f} |")
+        print(markdown_table(
+            ["model", "preset", "dense params", "sparse params", "examples/s", "eval NE",
+             "eval AUC"],
+            [[r["model"], f"`{r['preset']}`", f"{r['dense_params']:,}", f"{r['sparse_params']:,}",
+              f"{r['examples_per_s']:,.0f}", f"{r['eval_ne']:.4f}", f"{r['eval_auc']:.4f}"]
+             for r in rows], "llrrrrr"))
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump(rows, f, indent=1)
+            write_json(Path(args.json), rows)
     dist.destroy_process_group()
     return 0
 

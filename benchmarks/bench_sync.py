@@ -6,8 +6,9 @@ measured under the same conditions. With ``--repeats`` the arms run again in rot
 examples/s is the median (2 shared CPU cores are noisy); with ``--seeds`` each seed is a full
 pass of every arm, and NE/AUC are reported as mean and spread over seeds. Run on 2 CPU ranks::
 
-    .venv/bin/torchrun --nproc_per_node 2 benchmarks/bench_sync.py --config synthetic
-    .venv/bin/torchrun --nproc_per_node 2 benchmarks/bench_sync.py --config movielens_1m \\
+    .venv/bin/torchrun --nproc_per_node 2 -m shadowsync.benchmarks.bench_sync --config synthetic
+    .venv/bin/torchrun --nproc_per_node 2 -m shadowsync.benchmarks.bench_sync \\
+        --config movielens_1m \\
         --steps 0 --repeats 2 --seeds 0 1 2 --json out.json \\
         --arm "none: sync.strategy.name=none" \\
         --arm "shadow ma: sync.strategy.name=ma sync.schedule.mode=shadow"
@@ -27,9 +28,9 @@ turns and compares each turn with the ``none`` turns just before and after it (i
 ``baseline_examples_per_s``): the machine's speed on 2 shared cores wanders over tens of
 seconds, and a ``none`` turn a cycle away carries more of that than one beside it::
 
-    .venv/bin/torchrun --nproc_per_node 2 benchmarks/bench_sync.py --config synthetic \
-        --interleave 100 --repeats 8 --arm "none: sync.strategy.name=none" \
-        --arm "S: sync.strategy.name=ma sync.schedule.mode=shadow" \
+    .venv/bin/torchrun --nproc_per_node 2 -m shadowsync.benchmarks.bench_sync \\
+        --config synthetic --interleave 100 --repeats 8 --arm "none: sync.strategy.name=none" \\
+        --arm "S: sync.strategy.name=ma sync.schedule.mode=shadow" \\
         --arm "FR k=10: sync.strategy.name=ma sync.schedule.mode=fixed_rate sync.schedule.period=10"
 """
 
@@ -37,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import math
 import os
@@ -49,10 +49,18 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from rows import baseline, bracket_seconds, first_per_seed, mean_of, stdev_of, turn_order
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.types import ShardingEnv
 
+from shadowsync.benchmarks.report import markdown_table, or_dash, spread, write_json
+from shadowsync.benchmarks.rows import (
+    baseline,
+    bracket_seconds,
+    first_per_seed,
+    mean_of,
+    stdev_of,
+    turn_order,
+)
 from shadowsync.datasets import build_dataset
 from shadowsync.pipelines.build import DistEnv, init_distributed
 from shadowsync.pipelines.config import load_config
@@ -469,27 +477,23 @@ def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _f(x: float, digits: int = 1) -> str:
-    return "-" if math.isnan(x) else f"{x:,.{digits}f}"
+    return or_dash(x, f",.{digits}f")
 
 
 def table(arms: list[dict[str, Any]]) -> str:
-    lines = [
-        "| arm | examples/s | ratio to none [min, max over runs] | sync gap mean | "
-        "sync gap max | syncs | "
-        "comm s | eval AUC | eval NE (± sd over seeds) | calibration |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+    rows = []
     for a in arms:
         ne = _f(a["eval_ne"], 4) + ("" if math.isnan(a["eval_ne_std"])
                                     else f" ± {a['eval_ne_std']:.4f}")
-        lines.append(
-            f"| {a['arm']} | {a['examples_per_s']:,.0f} | {a['ratio_to_none']:.3f} "
-            f"[{a['ratio_min']:.3f}, {a['ratio_max']:.3f}] | "
-            f"{_f(a['sync_gap_mean'])} | {_f(a['sync_gap_max'], 0)} | {_f(a['syncs'], 0)} | "
-            f"{_f(a['comm_seconds'])} | {_f(a['eval_auc'], 4)} | {ne} | "
-            f"{_f(a['eval_calibration'], 3)} |"
-        )
-    return "\n".join(lines)
+        rows.append([a["arm"], f"{a['examples_per_s']:,.0f}",
+                     spread(a["ratio_to_none"], a["ratio_min"], a["ratio_max"]),
+                     _f(a["sync_gap_mean"]), _f(a["sync_gap_max"], 0), _f(a["syncs"], 0),
+                     _f(a["comm_seconds"]), _f(a["eval_auc"], 4), ne,
+                     _f(a["eval_calibration"], 3)])
+    return markdown_table(
+        ["arm", "examples/s", "ratio to none [min, max over runs]", "sync gap mean",
+         "sync gap max", "syncs", "comm s", "eval AUC", "eval NE (± sd over seeds)",
+         "calibration"], rows, "l" + "r" * 9)
 
 
 def main() -> int:
@@ -535,7 +539,7 @@ def main() -> int:
         print(f"\n{env.world_size} ranks on {env.device}, config {args.config} "
               f"{' '.join(args.overrides)}; {runs}, seeds {args.seeds}\n")
         if args.json:  # before the table: a long job's runs outlive a failure to report them
-            args.json.write_text(json.dumps(rows, indent=1))
+            write_json(args.json, rows)
         print(table(aggregate(rows)))
     dist.destroy_process_group()
     return 0

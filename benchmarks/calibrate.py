@@ -1,6 +1,7 @@
 """Measure the constants of ``scaling_model.py`` on this machine, with the real code.
 
-    python benchmarks/calibrate.py --out benchmarks/results/scaling_model/calibration.json
+    python -m shadowsync.benchmarks.calibrate \\
+        --out benchmarks/results/scaling_model/calibration.json
 
 1. Gloo allreduce time against size (4 KB .. 64 MB) on 2 ranks over loopback, fitted to
    ``a + S / beta`` (weighted to relative error); ``a = 2 alpha`` (a 2-rank ring).
@@ -33,19 +34,18 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
+import torchrec
+
+import shadowsync
+from shadowsync.benchmarks import scaling_model
+from shadowsync.benchmarks.report import command_line, write_json
+from shadowsync.datasets import build_dataset
+from shadowsync.pipelines.config import load_config
+from shadowsync.sync.wrapper import make_strategy
+from shadowsync.testing import run_ranks
 
 _HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(_HERE.parent / "tests"))
-
-import scaling_model  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torchrec  # noqa: E402
-from _dist import run_ranks  # noqa: E402
-
-import shadowsync  # noqa: E402
-from shadowsync.datasets import build_dataset  # noqa: E402
-from shadowsync.pipelines.config import load_config  # noqa: E402
-from shadowsync.sync.wrapper import make_strategy  # noqa: E402
 
 SIZES = [4096 * 4**i for i in range(8)]  # 4 KB .. 64 MB
 FLAGS_BYTES = 8  # the runner's [stop, abort] floats ride in every allreduce
@@ -86,7 +86,8 @@ def bench(preset: str, nproc: int, steps: int) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rows.json"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc_per_node={nproc}", str(_HERE / "bench_sync.py"), "--config", preset,
+               f"--nproc_per_node={nproc}", "-m", "shadowsync.benchmarks.bench_sync",
+               "--config", preset,
                "--steps", str(steps), "--json", str(out),
                *(x for a in arms for x in ("--arm", a)), "eval.max_batches=2"]
         # One intra-op thread on 1 rank too (torchrun sets it only for several): N = 1 must be
@@ -178,7 +179,7 @@ def main() -> int:
     result: dict[str, Any] = {
         "note": "Measured constants for benchmarks/scaling_model.py (a model built on them).",
         "date": started.isoformat(timespec="seconds"),
-        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
+        "command": command_line("shadowsync.benchmarks.calibrate"),
         "machine": machine(), "code": code_version(), "load_average_start": os.getloadavg(),
     }
     print("allreduce sweep on 2 ranks ...", flush=True)
@@ -209,7 +210,7 @@ def main() -> int:
     result["load_average_end"] = os.getloadavg()
     result["elapsed_s"] = (datetime.datetime.now(datetime.timezone.utc) - started).total_seconds()
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_json(args.out, result, newline=True)
     print(f"wrote {args.out}")
     return 0
 

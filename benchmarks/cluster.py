@@ -22,16 +22,17 @@ Addresses come from 198.18.0.0/15 (set aside for benchmarks); nothing is attache
 namespace, there is no default route, and every cluster's namespaces are its own, so clusters
 with different names coexist. Needs root.
 
-Run as a script (from the repo root)::
+Run it as a module (hosts run their commands from the repo root)::
 
-    python benchmarks/cluster.py run --hosts 2 --rate 1gbit -- \\
+    python -m shadowsync.benchmarks.cluster run --hosts 2 --rate 1gbit -- \\
         -m shadowsync.pipelines.train --config synthetic train.steps=20
-    python benchmarks/cluster.py run --hosts 2 --rate 200mbit -- \\
-        benchmarks/bench_sync.py --config synthetic --steps 30
-    python benchmarks/cluster.py probe --hosts 2 --rate 200mbit --sizes 1 8 32
-    python benchmarks/cluster.py up --name lab --hosts 4 --rate 1gbit --shared-rate 2gbit
+    python -m shadowsync.benchmarks.cluster run --hosts 2 --rate 200mbit -- \\
+        -m shadowsync.benchmarks.bench_sync --config synthetic --steps 30
+    python -m shadowsync.benchmarks.cluster probe --hosts 2 --rate 200mbit --sizes 1 8 32
+    python -m shadowsync.benchmarks.cluster up --name lab --hosts 4 --rate 1gbit \\
+        --shared-rate 2gbit
     ip netns exec ssc-lab-h0 bash              # a shell on host 0
-    python benchmarks/cluster.py down --name lab
+    python -m shadowsync.benchmarks.cluster down --name lab
 
 ``run`` launches ``torchrun --nnodes N --nproc_per_node 1 --node_rank i`` on every host (static
 rendezvous on host 0), prefixes each output line with ``[h<i>]``, stops every host as soon as one
@@ -629,7 +630,7 @@ class Cluster:
                 if on_line is not None:
                     on_line(host, line)
 
-        argv = [str(Path(__file__).resolve()), "_probe-worker", "--repeats", str(repeats),
+        argv = ["-m", "shadowsync.benchmarks.cluster", "_probe-worker", "--repeats", str(repeats),
                 "--sizes", *[f"{s:g}" for s in sizes_mb]]
         if contend_mb is not None:
             argv += ["--contend-mb", f"{contend_mb:g}"]
@@ -776,10 +777,10 @@ def _make(args: argparse.Namespace) -> Cluster:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python benchmarks/cluster.py",
+        prog="python -m shadowsync.benchmarks.cluster",
         description="Emulated multi-host cluster: network namespaces on rate-limited links "
                     "(needs root).",
-        epilog="run: python benchmarks/cluster.py run --hosts 2 --rate 1gbit -- "
+        epilog="run: python -m shadowsync.benchmarks.cluster run --hosts 2 --rate 1gbit -- "
                "-m shadowsync.pipelines.train --config synthetic train.steps=20")
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("up", help="build a cluster and leave it up")
@@ -841,7 +842,8 @@ def main(argv: list[str] | None = None) -> int:
             for i in range(cluster.hosts):
                 print(f"  h{i}: {cluster.address(i)} on {HOST_IF}: "
                       f"ip netns exec {cluster.host_ns(i)} CMD")
-            print(f"remove with: python benchmarks/cluster.py down --name {cluster.name}")
+            print(f"remove with: python -m shadowsync.benchmarks.cluster down "
+                  f"--name {cluster.name}")
             return 0
         with cluster:
             print(f"# {cluster.describe()}", file=sys.stderr, flush=True)

@@ -17,9 +17,10 @@ By default both send their rounds in the links' low traffic class (``--sync-clas
 way a datacenter network serves bulk traffic after training's. Needs root (network
 namespaces)::
 
-    sudo .venv/bin/python benchmarks/frontier.py --hosts 2 4 \\
+    sudo .venv/bin/python -m shadowsync.benchmarks.frontier --hosts 2 4 \\
         --links unlimited 10gbit 1gbit 200mbit --repeats 3 --out benchmarks/results/frontier
-    .venv/bin/python benchmarks/frontier.py --report-only --out benchmarks/results/frontier
+    .venv/bin/python -m shadowsync.benchmarks.frontier --report-only \\
+        --out benchmarks/results/frontier
 
 ``--interleave B`` measures the arms in turns of ``B`` steps on one model instead (``bench_sync
 --interleave``): separate runs each build a model and a data stream, and on shared cores two
@@ -54,18 +55,24 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cluster import (  # noqa: E402
+from shadowsync.benchmarks.cluster import (
     SYNC_IF,
     Cluster,
     ClusterError,
     Interrupted,
     parse_rate,
 )
-from rows import STEP_KINDS, baseline, first_per_seed, footprint, mean_of, stdev_of  # noqa: E402
-from scaling_model import arm_overrides, override_dict  # noqa: E402
-
-from shadowsync.pipelines.records import current_keys  # noqa: E402
+from shadowsync.benchmarks.report import command_line, markdown_table, or_dash, spread
+from shadowsync.benchmarks.rows import (
+    STEP_KINDS,
+    baseline,
+    first_per_seed,
+    footprint,
+    mean_of,
+    stdev_of,
+)
+from shadowsync.benchmarks.scaling_model import arm_overrides, override_dict
+from shadowsync.pipelines.records import current_keys
 
 ROOT = Path(__file__).resolve().parents[1]
 FR_PERIODS = (1, 2, 5, 10, 20, 50)
@@ -142,8 +149,9 @@ def run_job(out: Path, hosts: int, link: str, args: argparse.Namespace, command:
     command is kept beside its runs (``<job>.cmd``) for the report."""
     name = job_name(hosts, link, args.tag)
     raw = out / "raw" / f"{name}.json"
-    argv = ["benchmarks/bench_sync.py", "--config", args.config, "--steps", str(args.steps),
-            "--repeats", str(args.repeats), "--seeds", *map(str, args.seeds),
+    argv = ["-m", "shadowsync.benchmarks.bench_sync", "--config", args.config,
+            "--steps", str(args.steps), "--repeats", str(args.repeats),
+            "--seeds", *map(str, args.seeds),
             *(["--interleave", str(args.interleave)] if args.interleave else []),
             *(["--bracket"] if args.bracket else []),
             *(["--trace"] if args.trace else []),
@@ -290,18 +298,14 @@ def slowdown_goal(arms: list[dict[str, Any]], budgets: Mapping[str, float] | Non
 
 
 def slowdown_table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| accepted-slowdown arm | asked to keep | ratio to none, median [min, max] | "
-             "whole spread kept | loss the pacer reckoned | mean sync gap | "
-             "FR of closest throughput (its ratio, gap) | FR syncs this many times less often |",
-             "|---|---:|---:|---|---:|---:|---|---:|"]
-    for g in rows:
-        r, reckoned = g["ratio"], g["reckoned"]
-        lines.append(f"| {g['arm']} | {g['keep']:.2f} | {r['median']:.3f} [{r['min']:.3f}, "
-                     f"{r['max']:.3f}] | {'yes' if g['kept'] else '**no**'} | "
-                     f"{'-' if math.isnan(reckoned) else f'{reckoned:.1%}'} | "
-                     f"{_f(g['gap'], 1)} | {g['fr']} ({g['fr_ratio']:.3f}, "
-                     f"{_f(g['fr_gap'], 1)}) | {_f(g['less_often'], 1)} |")
-    return "\n".join(lines)
+    return markdown_table(
+        ["accepted-slowdown arm", "asked to keep", "ratio to none, median [min, max]",
+         "whole spread kept", "loss the pacer reckoned", "mean sync gap",
+         "FR of closest throughput (its ratio, gap)", "FR syncs this many times less often"],
+        [[g["arm"], f"{g['keep']:.2f}", _ratio(g["ratio"]), "yes" if g["kept"] else "**no**",
+          or_dash(g["reckoned"], ".1%"), _f(g["gap"], 1),
+          f"{g['fr']} ({g['fr_ratio']:.3f}, {_f(g['fr_gap'], 1)})", _f(g["less_often"], 1)]
+         for g in rows], "lrrlrrlr")
 
 
 def footprint_table(rows: list[dict[str, Any]]) -> str:
@@ -309,49 +313,52 @@ def footprint_table(rows: list[dict[str, Any]]) -> str:
     arms = footprint(rows)
     if not arms:
         return ""
-    lines = ["| arm | loss of step rate | on busy steps | on quiet steps | "
-             + " | ".join(STEP_KINDS) + " |", "|---|" + "---:|" * (3 + len(STEP_KINDS))]
+    lines = []
     for arm, kinds in arms.items():
         busy = sum(share for k, (_, _, share) in kinds.items() if k.startswith("busy"))
         cells = [f"{kinds[k][0]:+.1%} ({kinds[k][1]})" if k in kinds else "-"
                  for k in STEP_KINDS]
-        lines.append(f"| {arm} | {kinds['all'][0]:+.1%} | {busy:+.1%} | "
-                     f"{kinds['all'][0] - busy:+.1%} | " + " | ".join(cells) + " |")
+        lines.append([arm, f"{kinds['all'][0]:+.1%}", f"{busy:+.1%}",
+                      f"{kinds['all'][0] - busy:+.1%}", *cells])
+    body = markdown_table(["arm", "loss of step rate", "on busy steps", "on quiet steps",
+                           *STEP_KINDS], lines, "l" + "r" * (3 + len(STEP_KINDS)))
     return ("Where the cost lands (`--trace`): each kind of step's mean excess over the `none` "
             "pace beside its turn (how many steps); *busy k*: the k-th step of a run that "
             "synchronization touched (a snapshot, a delta, a round in flight or, for FR, the "
             "blocking round); *quiet k*: k steps after the last of them; the two sums: each "
-            "kind's share of the loss.\n\n" + "\n".join(lines) + "\n\n")
+            "kind's share of the loss.\n\n" + body + "\n\n")
 
 
 def _f(x: float, digits: int = 3) -> str:
-    return "-" if math.isnan(x) else f"{x:,.{digits}f}"
+    return or_dash(x, f",.{digits}f")
+
+
+def _ratio(r: Mapping[str, float]) -> str:
+    """A ratio's ``{"median", "min", "max"}`` as ``median [min, max]``."""
+    return spread(r["median"], r["min"], r["max"])
 
 
 def table(arms: list[dict[str, Any]]) -> str:
-    lines = ["| arm | examples/s | ratio to none, median [min, max] | mean sync gap | "
-             "link bytes/example | sync bytes/example | eval NE |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    cells = []
     for a in arms:
-        r = a["ratio"]
         ne = _f(a["ne"], 4) + ("" if math.isnan(a["ne_sd"]) else f" ± {a['ne_sd']:.4f}")
-        lines.append(f"| {a['arm']} | {a['examples_per_s']:,.0f} | {r['median']:.3f} "
-                     f"[{r['min']:.3f}, {r['max']:.3f}] | {_f(a['gap'], 1)} | "
-                     f"{_f(a['wire_per_example'], 0)} | {_f(a['sync_per_example'], 0)} | "
-                     f"{ne} |")
-    return "\n".join(lines)
+        cells.append([a["arm"], f"{a['examples_per_s']:,.0f}", _ratio(a["ratio"]),
+                      _f(a["gap"], 1), _f(a["wire_per_example"], 0),
+                      _f(a["sync_per_example"], 0), ne])
+    return markdown_table(["arm", "examples/s", "ratio to none, median [min, max]",
+                           "mean sync gap", "link bytes/example", "sync bytes/example",
+                           "eval NE"], cells, "lrrrrrr")
 
 
 def dominance_table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| FR point | shadow arms at >= its examples/s and <= its gap: in every repeat "
-             "(least shadow/FR) | whole spread of ratios to none | medians |",
-             "|---|---|---|---|"]
+    cells = []
     for d in rows:
         paired = ", ".join(f"{arm} ({m:.2f})" for arm, m in d["paired"].items())
-        lines.append(f"| {d['fr']} | {paired or '**none**'} | "
-                     f"{', '.join(d['strict']) or '**none**'} | "
-                     f"{', '.join(d['median']) or '**none**'} |")
-    return "\n".join(lines)
+        cells.append([d["fr"], paired or "**none**", ", ".join(d["strict"]) or "**none**",
+                      ", ".join(d["median"]) or "**none**"])
+    return markdown_table(["FR point", "shadow arms at >= its examples/s and <= its gap: in "
+                           "every repeat (least shadow/FR)", "whole spread of ratios to none",
+                           "medians"], cells)
 
 
 def plot(link: str, jobs: dict[int, list[dict[str, Any]]], path: Path) -> None:
@@ -568,7 +575,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.chunk_ms is None:
         args.chunk_ms = CHUNK_MS if args.sync_class == "same" else 0.0
     (args.out / "raw").mkdir(parents=True, exist_ok=True)
-    command = "python benchmarks/frontier.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    command = command_line("shadowsync.benchmarks.frontier", argv)
     if not args.report_only:
         for hosts in args.hosts:
             for link in args.links:

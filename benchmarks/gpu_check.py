@@ -5,10 +5,14 @@ runs wherever torch sees a GPU. Each check runs in a world of its own (a crash o
 that check alone, within its timeout), prints one ``PASS``, ``FAIL`` or ``SKIP`` line when it
 ends, and a table of its cases closes the run::
 
-    python benchmarks/gpu_check.py               # GPU: 2-3 min on one H100, 2 ranks on it;
-                                                 # prints "skipped: no CUDA" and exits 0 without
-    python benchmarks/gpu_check.py --device cpu  # the dry run: same logic, small sizes, < 1 min
-    python benchmarks/gpu_check.py --only fence --only audit
+    python -m shadowsync.benchmarks.gpu_check               # GPU: 2 ranks on one GPU;
+                                                            # prints "skipped: no CUDA" and
+                                                            # exits 0 without
+    python -m shadowsync.benchmarks.gpu_check --device cpu  # the dry run: same logic, small sizes
+    python -m shadowsync.benchmarks.gpu_check --only fence --only audit
+
+In a bare copy of the repository (no install), ``scripts/bare.sh`` makes it importable:
+``scripts/bare.sh python3 -m shadowsync.benchmarks.gpu_check``.
 
 Exit status 1 if any check fails. ``--device cpu`` runs the checks that mean something without a
 GPU and, for the CUDA-only ones, runs their logic at small size and prints ``SKIP`` (or ``FAIL``
@@ -114,10 +118,8 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from typing import Any
 
-import _bootstrap  # noqa: F401 (makes a bare checkout importable; must come first)
 import torch
 import torch.distributed as dist
-from _dist import run_ranks
 from torch import Tensor
 from torch.profiler import ProfilerActivity, profile
 
@@ -133,6 +135,7 @@ from shadowsync.sync import (
     new_sync_group,
 )
 from shadowsync.sync.protocol import NonFiniteError, PeerAborted, SyncError
+from shadowsync.testing import run_ranks
 
 PERIOD = 4  # fixed-rate period (steps)
 ATOL = 1e-4  # float32 accumulation over a run

@@ -8,14 +8,14 @@ fixed-rate MA k=10, shadow MA, EASGD and BMUF. The synchronizers are the project
 (``shadowsync.sync``, CUDA side stream, sync group on gloo as configured by default), over all
 parameters, tables included::
 
-    python benchmarks/gpu_compare.py            # prints "skipped: no CUDA" without a GPU
-    python benchmarks/gpu_compare.py --device cpu --steps 50 --batch-size 256   # dry run
+    python -m shadowsync.benchmarks.gpu_compare     # prints "skipped: no CUDA" without a GPU
+    python -m shadowsync.benchmarks.gpu_compare --device cpu --steps 50 --batch-size 256
 
 Where ``import torchrec`` works too, it first runs ``bench_sync.py`` (the full TorchRec Trainer
 path) under torchrun, one rank per GPU (NCCL cannot give two ranks one GPU; 2 gloo ranks on
 CPU), and prints its table. The plain-torch table comes last. Sized for under 8 minutes on one
-H200 with the defaults. Works from a bare copy of the repository (no install), like
-``gpu_check.py``.
+H200 with the defaults. In a bare copy of the repository (no install), ``scripts/bare.sh``
+makes it importable: ``scripts/bare.sh python3 -m shadowsync.benchmarks.gpu_compare``.
 """
 
 from __future__ import annotations
@@ -25,21 +25,17 @@ import dataclasses
 import functools
 import importlib.util
 import math
-import os
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
-from _bootstrap import ROOT as _ROOT  # makes a bare checkout importable
-from _dist import run_ranks
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
+from shadowsync.benchmarks.report import markdown_table, or_dash
 from shadowsync.sync import (
     BlockwiseModelUpdateFiltering,
     ElasticAveraging,
@@ -51,6 +47,7 @@ from shadowsync.sync import (
     broadcast_,
     new_sync_group,
 )
+from shadowsync.testing import run_ranks
 
 NUM_DENSE, NUM_SPARSE = 13, 26
 WARMUP_STEPS = 20  # untimed, per arm: allocator and cuBLAS warm-up, the runner's first rounds
@@ -244,35 +241,28 @@ def table(per_rank: list[list[dict[str, Any]]], s: Settings, world: int) -> str:
     if not rows:
         return "every arm failed:\n" + "\n".join(errors)
     none = rows[0]["examples_per_s"] if rows[0]["arm"] == "none" else math.nan
-    lines = ["| arm | examples/s | ratio to none | sync gap mean | syncs | eval AUC |",
-             "|---|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        gap = "-" if math.isnan(r["sync_gap"]) else f"{r['sync_gap']:.1f}"
-        lines.append(f"| {r['arm']} | {r['examples_per_s']:,.0f} | "
-                     f"{r['examples_per_s'] / none:.3f} | {gap} | {r['syncs']} | "
-                     f"{r['auc']:.4f} |")
+    cells = [[r["arm"], f"{r['examples_per_s']:,.0f}", f"{r['examples_per_s'] / none:.3f}",
+              or_dash(r["sync_gap"], ".1f"), r["syncs"], f"{r['auc']:.4f}"] for r in rows]
     return ("\n".join(errors) + "\n\n" if errors else "") + (
         f"{world} gloo ranks sharing {s.device}, {s.steps} timed steps per arm (after "
         f"{WARMUP_STEPS}), batch {s.batch_size} per rank, {rows[0]['dense_mb']:.1f} MB of "
         f"parameters synchronized, planted-model AUC {rows[0]['planted_auc']:.4f}\n\n"
-        + "\n".join(lines))
+        + markdown_table(["arm", "examples/s", "ratio to none", "sync gap mean", "syncs",
+                          "eval AUC"], cells, "lrrrrr"))
 
 
 def torchrec_table(device: str, steps: int, timeout_s: float) -> str:
     """``bench_sync.py`` (TorchRec Trainer) under torchrun; its table, or why there is none."""
     nproc = torch.cuda.device_count() if device == "cuda" else 2
-    with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "shadowsync").symlink_to(_ROOT)  # `import shadowsync`, whatever the dir
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            [tmp, *filter(None, [os.environ.get("PYTHONPATH")])])}
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc_per_node={nproc}", str(_ROOT / "benchmarks" / "bench_sync.py"),
-               "--steps", str(steps), "eval.max_batches=4"]
-        try:
-            done = subprocess.run(cmd, capture_output=True, text=True, env=env,
-                                  timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            return f"TorchRec path: no result within {timeout_s:.0f} s"
+    # The ranks import shadowsync as this process did: installed, or through the PYTHONPATH
+    # (or working directory) they inherit.
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc_per_node={nproc}", "-m", "shadowsync.benchmarks.bench_sync",
+           "--steps", str(steps), "eval.max_batches=4"]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return f"TorchRec path: no result within {timeout_s:.0f} s"
     if done.returncode != 0:
         return f"TorchRec path failed (exit {done.returncode}):\n{done.stderr[-2000:]}"
     start = done.stdout.find(f"{nproc} ranks on")  # bench_sync's summary; else its tail

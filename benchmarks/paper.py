@@ -11,7 +11,7 @@ on MovieLens-1M; ``--repeats`` reruns arms in rotated order for a median through
   the setting where the comparison says something. Also runs ``none`` and ``ddp`` with the IID
   split as controls, and records the windowed training NE of every arm for a plot::
 
-      OMP_NUM_THREADS=1 .venv/bin/torchrun --nproc_per_node 4 benchmarks/paper.py \
+      OMP_NUM_THREADS=1 .venv/bin/torchrun --nproc_per_node 4 -m shadowsync.benchmarks.paper \\
           --design user_split --out benchmarks/results/quality/user_split
 
   ``--quick`` checks its direction in a few minutes: 200 steps, one seed, a few arms, into
@@ -20,7 +20,8 @@ on MovieLens-1M; ``--repeats`` reruns arms in rotated order for a median through
   both replicas see the same population; every arm, ``none`` included, ends within the seed
   spread there::
 
-      .venv/bin/torchrun --nproc_per_node 2 benchmarks/paper.py --out benchmarks/results/quality/iid
+      .venv/bin/torchrun --nproc_per_node 2 -m shadowsync.benchmarks.paper \\
+          --out benchmarks/results/quality/iid
 
 Both write ``report.md`` (tables; goals or verdicts), ``quality_vs_throughput.png`` and
 ``runs.json`` (every run) into ``--out``; ``user_split`` also ``ne_over_training.png``. Arms:
@@ -39,7 +40,6 @@ import logging
 import math
 import os
 import platform
-import shlex
 import statistics
 import sys
 from pathlib import Path
@@ -48,8 +48,9 @@ from typing import Any, NamedTuple
 import torch
 import torch.distributed as dist
 import torchrec
-from bench_sync import aggregate, parse_arm, run_all, table
 
+from shadowsync.benchmarks.bench_sync import aggregate, parse_arm, run_all, table
+from shadowsync.benchmarks.report import command_line, markdown_table, or_dash, write_json
 from shadowsync.datasets import build_dataset
 from shadowsync.pipelines.build import DistEnv, init_distributed
 from shadowsync.pipelines.config import load_config
@@ -294,24 +295,20 @@ def compare(rows: list[dict[str, Any]], arm: str, other: str) -> tuple[float, fl
 
 
 def quality_table(summary: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
-    lines = [
-        "| arm | ratio to none [min, max] | sync gap mean | sync gap max | syncs | "
-        "eval NE ± sd | NE - ddp | eval AUC ± sd | calibration ± sd |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+    cells = []
     ddp = seed_values(rows, "ddp", "eval_ne")
     for a in summary:
         ne = seed_values(rows, a["arm"], "eval_ne")
         delta = f"{statistics.fmean(ne) - statistics.fmean(ddp):+.4f}" if ddp and ne else "-"
-        gap = "-" if math.isnan(a["sync_gap_mean"]) else f"{a['sync_gap_mean']:.1f}"
-        gmax = "-" if math.isnan(a["sync_gap_max"]) else f"{a['sync_gap_max']:.0f}"
-        syncs = "-" if math.isnan(a["syncs"]) else f"{a['syncs']:.0f}"
-        lines.append(
-            f"| {a['arm']} | {a['ratio_to_none']:.3f} [{a['ratio_min']:.3f}, "
-            f"{a['ratio_max']:.3f}] | {gap} | {gmax} | {syncs} | {spread(ne)} | {delta} | "
-            f"{spread(seed_values(rows, a['arm'], 'eval_auc'))} | "
-            f"{spread(seed_values(rows, a['arm'], 'eval_calibration'))} |")
-    return "\n".join(lines)
+        cells.append([
+            a["arm"], f"{a['ratio_to_none']:.3f} [{a['ratio_min']:.3f}, {a['ratio_max']:.3f}]",
+            or_dash(a["sync_gap_mean"], ".1f"), or_dash(a["sync_gap_max"], ".0f"),
+            or_dash(a["syncs"], ".0f"), spread(ne), delta,
+            spread(seed_values(rows, a["arm"], "eval_auc")),
+            spread(seed_values(rows, a["arm"], "eval_calibration"))])
+    return markdown_table(
+        ["arm", "ratio to none [min, max]", "sync gap mean", "sync gap max", "syncs",
+         "eval NE ± sd", "NE - ddp", "eval AUC ± sd", "calibration ± sd"], cells, "l" + "r" * 8)
 
 
 def verdicts(summary: list[dict[str, Any]], rows: list[dict[str, Any]],
@@ -375,9 +372,10 @@ def header(args: argparse.Namespace, design: Design, world: int) -> list[str]:
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     argv = [a for a in sys.argv[1:] if a != "--report-only"]
     env = "OMP_NUM_THREADS=1 " if world > 2 else ""
-    command = f"{env}torchrun --nproc_per_node {world} benchmarks/paper.py {shlex.join(argv)}"
+    command = env + command_line("shadowsync.benchmarks.paper", argv,
+                                 f"torchrun --nproc_per_node {world}")
     dated = (f"- Report rewritten {when} from the runs in `runs.json` "
-             "(`python benchmarks/paper.py --report-only`; see git for when they ran)"
+             "(`python -m shadowsync.benchmarks.paper --report-only`; see git for when they ran)"
              if args.report_only else f"- Date: {when}")
     return [
         f"# {design.title}",
@@ -499,7 +497,7 @@ def write(rows: list[dict[str, Any]], args: argparse.Namespace, world: int) -> N
     """runs.json, the plots and report.md into ``--out``."""
     args.out.mkdir(parents=True, exist_ok=True)
     summary = aggregate(rows)
-    (args.out / "runs.json").write_text(json.dumps(rows, indent=1))
+    write_json(args.out / "runs.json", rows)
     title = f"{DESIGNS[args.design].title}, {world} CPU ranks"
     plot(summary, args.out / "quality_vs_throughput.png", title)
     if args.design == "iid":

@@ -12,7 +12,7 @@ of ``--block``, ordered and read exactly as ``bench_sync.py --interleave --brack
 ratio its bracketing ``none`` turns' mean seconds over its own. Run it as the frontier runs
 (``nice -n -10``, nothing else on the machine)::
 
-    nice -n -10 .venv/bin/python benchmarks/rig_noise.py --repeats 24 \\
+    nice -n -10 .venv/bin/python -m shadowsync.benchmarks.rig_noise --repeats 24 \\
         --out benchmarks/results/rig_noise/block100.json
 
 Prints the A/A ratio, median [min, max] over the cycles, and per-turn speed's spread.
@@ -22,18 +22,18 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import _bootstrap  # noqa: F401 (makes a bare checkout importable; must come first)
 import torch
 import torch.distributed as dist
-from _dist import run_ranks
-from rows import bracket_seconds, turn_order
+
+from shadowsync.benchmarks.report import command_line, write_json
+from shadowsync.benchmarks.rows import bracket_seconds, turn_order
+from shadowsync.testing import run_ranks
 
 ARMS = ["none", "none A/A"]
 
@@ -115,11 +115,11 @@ def main() -> int:
     turns_run = 2 * (args.repeats + 1) + 1
     budget = 60 + 3 * turns_run * args.block * args.step_ms / 1e3
     turns = run_ranks(fn, world_size=args.ranks, timeout_s=budget, pg_timeout_s=budget)[0]
-    result = {"command": " ".join(sys.argv), "args": {k: str(v) for k, v in vars(args).items()},
-              **summary(turns)}
+    result = {"command": command_line("shadowsync.benchmarks.rig_noise"),
+              "args": {k: str(v) for k, v in vars(args).items()}, **summary(turns)}
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
+        write_json(args.out, result, newline=True)
     print(f"A/A of fixed work, {args.ranks} ranks, turns of {args.block} steps of "
           f"{args.step_ms:g} ms, {len(result['aa_ratios'])} cycles: "
           f"{result['aa_median']:.3f} [{result['aa_min']:.3f}, {result['aa_max']:.3f}]; "

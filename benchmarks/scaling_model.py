@@ -52,12 +52,12 @@ import itertools
 import json
 import math
 import re
-import shlex
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from shadowsync.benchmarks.report import command_line, markdown_table, or_dash
 from shadowsync.pipelines.records import current_keys
 from shadowsync.sync.config import MOVED
 
@@ -244,9 +244,7 @@ def _fmt_gap(x: float) -> str:
 def scaling_table(k: Constants, net: Network, period: int) -> str:
     """examples/s (ratio to none) per arm and N, then the shadow arms' sync gap."""
     arm_list = arms(period)
-    head = "| N | " + " | ".join(a.name for a in arm_list) + " |"
-    lines = [f"Examples/s (ratio to none), {net.describe()}:", "", head,
-             "|---:|" + "---:|" * len(arm_list)]
+    rates = []
     for n in TRAINERS:
         none = predict(Arm("none"), n, k, net).examples_per_s
         cells = []
@@ -254,19 +252,21 @@ def scaling_table(k: Constants, net: Network, period: int) -> str:
             rate = predict(arm, n, k, net).examples_per_s
             cells.append(_fmt_rate(rate) if arm.kind == "none"
                          else f"{_fmt_rate(rate)} ({rate / none:.2f})")
-        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+        rates.append([n, *cells])
     shadow = [a for a in arm_list if a.kind == "shadow"]
-    lines += ["", f"Sync gap (steps between applied syncs), {net.describe()}; fixed-rate arms: "
-              f"k = {period} at every N:", "",
-              "| N | " + " | ".join(a.name for a in shadow)
-              + " | ma round, ms | shadow ma step, ms |",
-              "|---:|" + "---:|" * (len(shadow) + 2)]
+    gaps = []
     for n in TRAINERS:
-        gaps = [_fmt_gap(predict(a, n, k, net).sync_gap) for a in shadow]
         round_ms = (k.round_local_s["ma"] + allreduce_s(k.dense_bytes, n, net)) * 1e3
         step_ms = predict(shadow[0], n, k, net).step_s * 1e3
-        lines.append(f"| {n} | " + " | ".join(gaps) + f" | {round_ms:.3f} | {step_ms:.2f} |")
-    return "\n".join(lines)
+        gaps.append([n, *(_fmt_gap(predict(a, n, k, net).sync_gap) for a in shadow),
+                     f"{round_ms:.3f}", f"{step_ms:.2f}"])
+    return "\n".join([
+        f"Examples/s (ratio to none), {net.describe()}:", "",
+        markdown_table(["N", *(a.name for a in arm_list)], rates, "r" * (1 + len(arm_list))),
+        "", f"Sync gap (steps between applied syncs), {net.describe()}; fixed-rate arms: "
+        f"k = {period} at every N:", "",
+        markdown_table(["N", *(a.name for a in shadow), "ma round, ms", "shadow ma step, ms"],
+                       gaps, "r" * (len(shadow) + 3))])
 
 
 def check_rows(preset: Mapping[str, Any], net: Network) -> list[dict[str, Any]]:
@@ -294,15 +294,13 @@ def check_rows(preset: Mapping[str, Any], net: Network) -> list[dict[str, Any]]:
 
 
 def check_table(rows: Sequence[Mapping[str, Any]]) -> str:
-    lines = ["| N | arm | role | measured ex/s | predicted ex/s | error | measured ratio to "
-             "none | predicted ratio | measured gap | predicted gap |",
-             "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        gm = "-" if math.isnan(r["gap_measured"]) else f"{r['gap_measured']:.2f}"
-        lines.append(f"| {r['n']} | {r['arm']} | {r['role']} | {r['measured']:,.0f} | "
-                     f"{r['predicted']:,.0f} | {r['error']:+.0%} | {r['ratio_measured']:.3f} | "
-                     f"{r['ratio_predicted']:.3f} | {gm} | {_fmt_gap(r['gap_predicted'])} |")
-    return "\n".join(lines)
+    return markdown_table(
+        ["N", "arm", "role", "measured ex/s", "predicted ex/s", "error",
+         "measured ratio to none", "predicted ratio", "measured gap", "predicted gap"],
+        [[r["n"], r["arm"], r["role"], f"{r['measured']:,.0f}", f"{r['predicted']:,.0f}",
+          f"{r['error']:+.0%}", f"{r['ratio_measured']:.3f}", f"{r['ratio_predicted']:.3f}",
+          or_dash(r["gap_measured"], ".2f"), _fmt_gap(r["gap_predicted"])] for r in rows],
+        "rllrrrrrrr")
 
 
 def constants_table(k: Constants) -> str:
@@ -315,8 +313,7 @@ def constants_table(k: Constants) -> str:
           for s in STRATEGIES),
         *((f"c, contention of shadow {s}", f"{k.contention[s]:.3f}") for s in STRATEGIES),
     ]
-    return "\n".join(["| constant | value |", "|---|---:|",
-                      *(f"| {a} | {b} |" for a, b in rows)])
+    return markdown_table(["constant", "value"], rows, "lr")
 
 
 def plot(path: Path, k: Constants, nets: Sequence[Network], period: int,
@@ -365,8 +362,8 @@ def report(calibration: Mapping[str, Any], preset_name: str, k: Constants,
     fit = calibration["allreduce_fit"]
     parts = [
         f"# Scaling model: {preset_name}, 1 to {TRAINERS[-1]:,} trainers", "", MODEL_BANNER, "",
-        f"Generated {datetime.date.today().isoformat()} by `python "
-        f"{shlex.join(sys.argv)}`.", "",
+        f"Generated {datetime.date.today().isoformat()} by "
+        f"`{command_line('shadowsync.benchmarks.scaling_model')}`.", "",
         "Equations: see the docstring of `benchmarks/scaling_model.py`. Calibration: "
         f"{calibration['date']}, {calibration['machine']['description']}; code "
         f"{calibration['code']['commit'] or calibration['code']['path']}; command "
@@ -389,7 +386,7 @@ def report(calibration: Mapping[str, Any], preset_name: str, k: Constants,
                   colocation_note(p, loopback(calibration)), ""]
     parts += ["## Check on rate-limited links", "",
               "The loopback check above cannot show what a network costs. The emulated "
-              "cluster can: `python benchmarks/scaling_model.py --testbed "
+              "cluster can: `python -m shadowsync.benchmarks.scaling_model --testbed "
               "benchmarks/results/frontier` predicts every arm of the frontier benchmark "
               "(`benchmarks/frontier.py`) from its `none` arm and the link rate, with constants "
               "fitted on 2 hosts, and states the error per arm family, out of sample "
@@ -1315,44 +1312,45 @@ def testbed_report(jobs: Mapping[tuple[int, str], Sequence[Mapping[str, Any]]],
         "```", TESTBED_DOC.rstrip(), "```", "",
         f"Constants fitted on every {fit_hosts}-host job (the held-out predictions refit "
         "without their link):", "",
-        "| constant | value | fitted on |", "|---|---:|---|",
-        f"| eta, share of a tbf rate gloo gets | {calibrated.efficiency:.3f} | FR arms' "
-        f"allreduce times on token-bucket-limited links (probe: {links.efficiency:g}) |",
-        f"| B_cpu, what the cores move per host at {links.probe_hosts} hosts | "
-        f"{calibrated.unlimited_Bps / 1e6:.0f} MB/s | FR arms' allreduce times on CPU-limited "
-        f"links (probe: {links.unlimited_Bps / 1e6:g} MB/s) |",
-        f"| rho, one round's CPU work, compute steps | {k.rho:.3f} | FR arms' ratios |",
-        f"| delta, DDP's own cost, compute steps | {k.delta:.3f} | ddp's ratio |",
-        f"| lam, background allreduce's wait for the cores, compute steps | {k.stretch:.3f} | "
-        "shadow arms' allreduce times |",
-        f"| phi, the same per collective of a chunked round, compute steps | {k.per_chunk:.4f} "
-        "| shadow arms' allreduce times |",
-        f"| lam_n, the same for a niced thread (sync.transport.thread_nice > 0), compute steps | "
-        f"{k.stretch_niced:.3f} | niced shadow arms' allreduce times |",
-        f"| mu_n, a niced round's other wait for the cores, compute steps | "
-        f"{k.wait_niced:.3f} | niced back-to-back arms' gaps |",
-        f"| kappa, share of a round's CPU work training pays | {k.kappa:.3f} | "
-        "shadow arms' ratios and gaps |",
-        f"| q, exchanges a step that queue behind a round | {k.queued:.3f} | "
-        "shadow arms' ratios and gaps |",
-        f"| kappa_n, the same as kappa for a niced thread | {k.kappa_niced:.3f} | "
-        "niced shadow arms' ratios and gaps |", "",
+        markdown_table(["constant", "value", "fitted on"], [
+            ["eta, share of a tbf rate gloo gets", f"{calibrated.efficiency:.3f}",
+             "FR arms' allreduce times on token-bucket-limited links "
+             f"(probe: {links.efficiency:g})"],
+            [f"B_cpu, what the cores move per host at {links.probe_hosts} hosts",
+             f"{calibrated.unlimited_Bps / 1e6:.0f} MB/s", "FR arms' allreduce times on "
+             f"CPU-limited links (probe: {links.unlimited_Bps / 1e6:g} MB/s)"],
+            ["rho, one round's CPU work, compute steps", f"{k.rho:.3f}", "FR arms' ratios"],
+            ["delta, DDP's own cost, compute steps", f"{k.delta:.3f}", "ddp's ratio"],
+            ["lam, background allreduce's wait for the cores, compute steps",
+             f"{k.stretch:.3f}", "shadow arms' allreduce times"],
+            ["phi, the same per collective of a chunked round, compute steps",
+             f"{k.per_chunk:.4f}", "shadow arms' allreduce times"],
+            ["lam_n, the same for a niced thread (sync.transport.thread_nice > 0), compute "
+             "steps", f"{k.stretch_niced:.3f}", "niced shadow arms' allreduce times"],
+            ["mu_n, a niced round's other wait for the cores, compute steps",
+             f"{k.wait_niced:.3f}", "niced back-to-back arms' gaps"],
+            ["kappa, share of a round's CPU work training pays", f"{k.kappa:.3f}",
+             "shadow arms' ratios and gaps"],
+            ["q, exchanges a step that queue behind a round", f"{k.queued:.3f}",
+             "shadow arms' ratios and gaps"],
+            ["kappa_n, the same as kappa for a niced thread", f"{k.kappa_niced:.3f}",
+             "niced shadow arms' ratios and gaps"]], "lrl"), "",
         "## Summary: |relative error| per role, arm family and schedule", "",
         "*in spread*: predicted ratios inside the measured [min, max] over repeats. *at gap*: "
         "the shadow ratio the cost model gives at the measured gap. *runs*: jobs whose arms "
         "ran one after another; *turns*: jobs run with `--interleave`, every arm in turns on "
         "one model, each turn's ratio to the `none` turn of its cycle (a repeat is a cycle).",
         "",
-        "| role | family | schedule | points | ratio: median | ratio: max | in spread | "
-        "gap: median | gap: max | at gap: median | at gap: max |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        markdown_table(
+            ["role", "family", "schedule", "points", "ratio: median", "ratio: max",
+             "in spread", "gap: median", "gap: max", "at gap: median", "at gap: max"],
+            [[s["role"], s["family"], s["schedule"], s["points"],
+              *(_abs_pct(s[key]) for key in ("ratio_median", "ratio_max")),
+              f"{s['in_spread']}/{s['points']}",
+              *(_abs_pct(s[key]) for key in ("gap_median", "gap_max", "at_gap_median",
+                                             "at_gap_max"))]
+             for s in testbed_summary(rows)], "lllrrrrrrrr"),
     ]
-    for s in testbed_summary(rows):
-        parts.append(f"| {s['role']} | {s['family']} | {s['schedule']} | {s['points']} | "
-                     f"{_abs_pct(s['ratio_median'])} | {_abs_pct(s['ratio_max'])} | "
-                     f"{s['in_spread']}/{s['points']} | "
-                     f"{_abs_pct(s['gap_median'])} | {_abs_pct(s['gap_max'])} | "
-                     f"{_abs_pct(s['at_gap_median'])} | {_abs_pct(s['at_gap_max'])} |")
     parts += ["", "FR gaps follow from k and the step count, so their error is ~0 by "
               "construction; the shadow gaps are the model's."]
     if all(h == fit_hosts for h, _ in jobs):
@@ -1363,21 +1361,21 @@ def testbed_report(jobs: Mapping[tuple[int, str], Sequence[Mapping[str, Any]]],
                                 key=lambda hl: (hl[0], -(link_rate_Bps(hl[1]) or math.inf), hl[1])):
         mine = [r for r in rows if (r["hosts"], r["link"]) == (hosts, link)]
         role = _headline_role(hosts, fit_hosts, {r["role"] for r in mine})
-        job_rows = [f"## {hosts} hosts, {link}: {role}", "",
-                    f"`none`'s examples/s over repeats spread by "
-                    f"{_none_spread(jobs[hosts, link]):.0%} of its median.", "",
-                    "| arm | ratio measured [min, max] | predicted | error | gap measured | "
-                    "predicted | error | ratio at measured gap | allreduce s measured / "
-                    "predicted |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for r in (r for r in mine if r["role"] == role):
-            job_rows.append(
-                f"| {r['arm']} | {r['ratio_measured']:.3f} [{r['ratio_min']:.3f}, "
-                f"{r['ratio_max']:.3f}] | {r['ratio_predicted']:.3f} | "
-                f"{_pct(r['ratio_error'])} | {_num(r['gap_measured'], 2)} | "
-                f"{_num(r['gap_predicted'], 2)} | {_pct(r['gap_error'])} | "
-                f"{_num(r['ratio_at_measured_gap'])} | {_num(r['allreduce_measured_s'])} / "
-                f"{_num(r['allreduce_predicted_s'])} |")
-        parts += [*job_rows, ""]
+        parts += [
+            f"## {hosts} hosts, {link}: {role}", "",
+            f"`none`'s examples/s over repeats spread by "
+            f"{_none_spread(jobs[hosts, link]):.0%} of its median.", "",
+            markdown_table(
+                ["arm", "ratio measured [min, max]", "predicted", "error", "gap measured",
+                 "predicted", "error", "ratio at measured gap",
+                 "allreduce s measured / predicted"],
+                [[r["arm"],
+                  f"{r['ratio_measured']:.3f} [{r['ratio_min']:.3f}, {r['ratio_max']:.3f}]",
+                  f"{r['ratio_predicted']:.3f}", _pct(r["ratio_error"]),
+                  _num(r["gap_measured"], 2), _num(r["gap_predicted"], 2), _pct(r["gap_error"]),
+                  _num(r["ratio_at_measured_gap"]),
+                  f"{_num(r['allreduce_measured_s'])} / {_num(r['allreduce_predicted_s'])}"]
+                 for r in mine if r["role"] == role], "lrrrrrrrr"), ""]
     return "\n".join(parts)
 
 
@@ -1397,7 +1395,8 @@ def testbed_main(args: argparse.Namespace) -> int:
             return 2
         chunk.update({key: float(mib) * 2**20 for key in keys if name or key not in chunk})
     text = testbed_report(jobs, args.testbed, args.fit_hosts, links,
-                          "python " + shlex.join(sys.argv), load_arm_overrides(args.testbed),
+                          command_line("shadowsync.benchmarks.scaling_model"),
+                          load_arm_overrides(args.testbed),
                           chunk)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "testbed_fit.md").write_text(text + "\n")

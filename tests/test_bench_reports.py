@@ -3,31 +3,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import math
 import os
-import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import torch.distributed as dist
 
-from tests._dist import run_ranks
-
-_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
-def _load(name: str) -> ModuleType:
-    sys.path.insert(0, str(_DIR))  # paper.py imports bench_sync beside it
-    spec = importlib.util.spec_from_file_location(name, _DIR / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+from shadowsync.benchmarks import bench_loop, bench_sync, paper, rig_noise
+from shadowsync.benchmarks import rows as bench_rows
+from shadowsync.testing import run_ranks
 
 
 def _row(arm: str, seed: int, ex_s: float) -> dict[str, float | str | int]:
@@ -36,7 +22,7 @@ def _row(arm: str, seed: int, ex_s: float) -> dict[str, float | str | int]:
 
 
 def test_ratio_spread_pairs_each_run_with_nones_run_and_goals_use_it() -> None:
-    bench, paper = _load("bench_sync"), _load("paper")
+    bench = bench_sync
     rows = [_row("none", 0, 100.0), _row("none", 1, 200.0), _row("none", 2, 100.0),
             _row("S-MA", 0, 99.0), _row("S-MA", 1, 180.0), _row("S-MA", 2, 98.0)]
     arms = {a["arm"]: a for a in bench.aggregate(rows)}
@@ -49,7 +35,7 @@ def test_ratio_spread_pairs_each_run_with_nones_run_and_goals_use_it() -> None:
 
 
 def test_loop_phase_table_shows_each_phase_and_what_no_phase_holds() -> None:
-    bench = _load("bench_loop")
+    bench = bench_loop
     rows = [{"arm": "ours none", "repeat": r, "own_ms_per_step": own,
              "phase_ms": {"shadowsync.train.watch": w, "shadowsync.train.control": 0.05}}
             for r, (own, w) in enumerate([(0.40, 0.15), (0.30, 0.10), (0.35, 0.20)])]
@@ -64,7 +50,7 @@ def test_loop_phase_table_shows_each_phase_and_what_no_phase_holds() -> None:
 def test_ablation_rows_and_table() -> None:
     """``bench_loop --ablate``: a row's ratio and how much slower TorchRec's steps ran inside
     ours (each side's time less its own); the table gives each variant, in first-run order."""
-    bench = _load("bench_loop")
+    bench = bench_loop
     ref = {"examples_per_s": 100.0, "own_ms_per_step": 0.01, "ms_per_step": 10.01}
     ours = {"examples_per_s": 95.0, "own_ms_per_step": 0.3, "ms_per_step": 10.5}
     row = bench.ablation_row("heartbeat off", 2, ref, ours)
@@ -94,7 +80,7 @@ def _ablations(rank: int, world_size: int) -> dict[str, dict[str, Any]]:
     from shadowsync.pipelines.trainer import Trainer
     from tests._dist import SMALL
 
-    bench = _load("bench_loop")
+    bench = bench_loop
     env = init_distributed(60)
     _job_store_env()
     seen: dict[str, Any] = {}
@@ -143,7 +129,7 @@ def test_ablation_turns_off_one_feature_of_ours_per_variant() -> None:
 
 
 def test_verdicts_call_a_difference_only_beyond_three_sd() -> None:
-    bench, paper = _load("bench_sync"), _load("paper")
+    bench = bench_sync
     ne = {"none": [0.900, 0.902, 0.898], "ddp": [0.840, 0.842, 0.838],
           "FR-MA k=10": [0.842, 0.846, 0.838], "S-MA": [0.846, 0.848, 0.844]}
     gaps = {"FR-MA k=1": 1.0, "FR-MA k=10": 9.8, "S-MA": 4.0}
@@ -163,7 +149,7 @@ def test_verdicts_call_a_difference_only_beyond_three_sd() -> None:
 def test_arms_rotate_across_seeds_and_repeats(monkeypatch: object) -> None:
     """No arm always runs first: with one repeat of several seeds (the quality runs) the order
     still rotates, so ``none`` is not always measured first in a pass."""
-    bench = _load("bench_sync")
+    bench = bench_sync
     order: list[str] = []
 
     def fake_run_arm(env: object, preset: str, overrides: list[str]) -> dict[str, float]:
@@ -188,7 +174,7 @@ def _interleaved_pair(rank: int, world_size: int) -> dict[str, Any]:
     from shadowsync.pipelines.build import init_distributed
     from tests._dist import SMALL
 
-    bench = _load("bench_loop")
+    bench = bench_loop
     env = init_distributed(60)
     _job_store_env()
     with pytest.raises(ValueError, match="not a multiple of --interleave"):
@@ -301,7 +287,7 @@ def test_interleaved_pair_times_each_loop_apart() -> None:
 def test_rotating_replicas_refuses_arms_that_cannot_take_turns() -> None:
     from shadowsync.sync.config import SyncConfig
 
-    bench = _load("bench_sync")
+    bench = bench_sync
     with pytest.raises(ValueError, match="sync.schedule.period=3 does not divide the turn of 10"):
         bench.RotatingReplicas({"FR k=3": SyncConfig.from_dict(
             {"strategy": {"name": "ma"}, "schedule": {"mode": "fixed_rate", "period": 3}})}, 10)
@@ -316,7 +302,7 @@ def test_rotating_replicas_refuses_arms_that_cannot_take_turns() -> None:
 def test_bracketed_turns_put_the_baseline_beside_every_other_turn() -> None:
     from shadowsync.sync.config import SyncConfig
 
-    bench = _load("bench_sync")
+    bench = bench_sync
     fr = SyncConfig.from_dict({"strategy": {"name": "ma"},
                                "schedule": {"mode": "fixed_rate", "period": 5}})
     arms = {"none": None, "FR": fr, "S": SyncConfig.from_dict({"strategy": {"name": "ma"}}),
@@ -332,7 +318,7 @@ def test_bracketed_turns_put_the_baseline_beside_every_other_turn() -> None:
         bench.RotatingReplicas({"none": None}, 10, "none")
     # each turn: the mean seconds of the nearest none turns on either side
     order = ["none", "FR", "none", "S", "S", "none", "FR"]
-    got = _load("rows").bracket_seconds(order, [1.0, 9.0, 3.0, 9.0, 9.0, 5.0, 9.0], "none")
+    got = bench_rows.bracket_seconds(order, [1.0, 9.0, 3.0, 9.0, 9.0, 5.0, 9.0], "none")
     assert got[:6] == [1.0, 2.0, 3.0, 4.0, 4.0, 5.0] and math.isnan(got[6])
 
 
@@ -340,7 +326,7 @@ def _interleaved_arms(rank: int, world_size: int) -> dict[str, Any]:
     from shadowsync.pipelines.build import init_distributed
     from tests._dist import SMALL
 
-    bench = _load("bench_sync")
+    bench = bench_sync
     made: list[Any] = []
 
     class Spy(bench.RotatingReplicas):  # type: ignore[name-defined, misc]
@@ -376,7 +362,7 @@ def test_interleaved_arms_take_turns_on_one_model() -> None:
     rounds, and the warm-up cycle is left out of the rows; with ``--bracket``, ``none`` runs
     beside every other turn and each row carries its examples/s there, and with ``--trace``
     each step's seconds and whether synchronization touched it."""
-    bench = _load("bench_sync")
+    bench = bench_sync
     for result in run_ranks(_interleaved_arms, timeout_s=180):
         assert result["order"] == [("none", 0), ("FR k=5", 0), ("S s1", 0),
                                    ("FR k=5", 1), ("S s1", 1), ("none", 1),
@@ -432,11 +418,11 @@ def test_interleaved_arms_take_turns_on_one_model() -> None:
 
 
 def _rig_turns(rank: int, world_size: int) -> list[tuple[str, float]]:
-    return _load("rig_noise")._rank(rank, world_size, step_ms=1.0, size=16, block=3, cycles=2)
+    return rig_noise._rank(rank, world_size, step_ms=1.0, size=16, block=3, cycles=2)
 
 
 def test_rig_noise_reads_fixed_work_as_bench_sync_reads_an_aa_arm() -> None:
-    rig = _load("rig_noise")
+    rig = rig_noise
     turns = [("none", 1.0), ("none A/A", 4.0), ("none", 3.0), ("none A/A", 2.0), ("none", 1.0)]
     assert rig.aa_ratios(turns) == [0.5, 1.0]
     got = rig.summary(turns)

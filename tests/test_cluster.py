@@ -8,7 +8,6 @@ touches anyone else's (``ip netns list`` may show other clusters; only ours are 
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import signal
@@ -19,15 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from shadowsync.benchmarks import cluster as cl
 from tests._dist import SMALL
 
 REPO = Path(__file__).resolve().parents[1]
-_PATH = REPO / "benchmarks" / "cluster.py"
-_spec = importlib.util.spec_from_file_location("cluster", _PATH)
-assert _spec is not None and _spec.loader is not None
-cl = importlib.util.module_from_spec(_spec)
-sys.modules["cluster"] = cl  # dataclasses look their module up by name
-_spec.loader.exec_module(cl)
 
 NAME = f"ci{os.getpid()}"
 # The training CLI at test size, 10 steps.
@@ -50,7 +44,7 @@ def _ours(name: str = NAME) -> list[str]:
 
 
 def _cli(*args: str) -> list[str]:
-    return [sys.executable, str(_PATH), *args]
+    return [sys.executable, "-m", "shadowsync.benchmarks.cluster", *args]
 
 
 # -- no root needed ---------------------------------------------------------------------------

@@ -6,22 +6,15 @@ Pure arithmetic: no processes, no network.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
-sys.path.insert(0, str(_DIR))  # frontier.py imports cluster.py beside it
-_spec = importlib.util.spec_from_file_location("frontier", _DIR / "frontier.py")
-assert _spec is not None and _spec.loader is not None
-fr = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(fr)
-import rows  # noqa: E402  (beside frontier.py, which imports it)
+from shadowsync.benchmarks import frontier as fr
+from shadowsync.benchmarks import rows
 
 
 def run(arm: str, repeat: int, eps: float, gap: float | None = None,

@@ -7,20 +7,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "scaling_model.py"
-_spec = importlib.util.spec_from_file_location("scaling_model", _PATH)
-assert _spec is not None and _spec.loader is not None
-sm = importlib.util.module_from_spec(_spec)
-sys.modules["scaling_model"] = sm  # dataclasses look their module up by name
-_spec.loader.exec_module(sm)
+from shadowsync.benchmarks import scaling_model as sm
 
 NET = sm.Network(latency_s=1e-5, bandwidth_Bps=1e9)  # 10 us, 8 Gbit/s
 K = sm.Constants(batch_size=100, step_s=0.01, dense_bytes=1e6, a2a_bytes=4e5,
