@@ -72,7 +72,6 @@ from shadowsync.benchmarks.rows import (
     stdev_of,
 )
 from shadowsync.benchmarks.scaling_model import arm_overrides, override_dict
-from shadowsync.pipelines.records import current_keys
 
 ROOT = Path(__file__).resolve().parents[1]
 FR_PERIODS = (1, 2, 5, 10, 20, 50)
@@ -474,7 +473,7 @@ def report(out: Path, links: Sequence[str]) -> str:
     for raw in sorted((out / "raw").glob("h*_*.json")):
         hosts_s, link = raw.stem.split("_", 1)
         hosts = int(hosts_s[1:])
-        rows = [current_keys(r) for r in json.loads(raw.read_text())]
+        rows = json.loads(raw.read_text())
         arms = summarize(rows, hosts)
         by_link.setdefault(link, {})[hosts] = arms
         turns[(link, hosts)] = rows[0].get("interleave") if rows else None

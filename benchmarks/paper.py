@@ -54,7 +54,6 @@ from shadowsync.benchmarks.report import command_line, markdown_table, or_dash, 
 from shadowsync.datasets import build_dataset
 from shadowsync.pipelines.build import DistEnv, init_distributed
 from shadowsync.pipelines.config import load_config
-from shadowsync.pipelines.records import current_keys
 from shadowsync.pipelines.trainer import Trainer
 from shadowsync.sync.config import BMUFConfig, EASGDConfig
 
@@ -468,7 +467,7 @@ def main() -> int:
     args.out = args.out or (Path("runs/paper_quick") if args.quick else design.out)
     logging.basicConfig(level=logging.WARNING, force=True)
     if args.report_only:
-        rows = [current_keys(r) for r in json.loads((args.out / "runs.json").read_text())]
+        rows = json.loads((args.out / "runs.json").read_text())
         write(rows, args, design.ranks)
         return 0
     arms = args.arm or [parse_arm(a) for a in design.arms]

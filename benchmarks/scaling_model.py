@@ -58,7 +58,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from shadowsync.benchmarks.report import command_line, markdown_table, or_dash
-from shadowsync.pipelines.records import current_keys
 from shadowsync.sync.config import MOVED
 
 TRAINERS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000)
@@ -950,12 +949,12 @@ def predict_testbed(arm: TestbedArm, job: TestbedJob, k: TestbedConstants) -> Te
 
 def load_testbed(directory: Path) -> dict[tuple[int, str], list[dict[str, Any]]]:
     """Every ``raw/h<N>_<link>[-<tag>].json`` under a frontier output directory (or the raw
-    one), keyed by (N, ``<link>[-<tag>]``), its rows under current key names."""
+    one), keyed by (N, ``<link>[-<tag>]``)."""
     raw = directory / "raw" if (directory / "raw").is_dir() else directory
     jobs = {}
     for path in sorted(raw.glob("h*_*.json")):
         hosts, link = path.stem.split("_", 1)
-        jobs[int(hosts[1:]), link] = [current_keys(r) for r in json.loads(path.read_text())]
+        jobs[int(hosts[1:]), link] = json.loads(path.read_text())
     return jobs
 
 

@@ -23,8 +23,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from shadowsync.pipelines.records import current_keys
-
 # (training key, eval key, title)
 PANELS = [("ne", "eval_ne", "normalized entropy"), ("auc", "eval_auc", "AUC"),
           ("examples_per_s", None, "examples/s"),
@@ -33,8 +31,7 @@ X_AXES = {"step": "step", "examples": "training examples", "time": "wall time (s
 
 
 def read_run(path: str | Path) -> list[dict[str, Any]]:
-    """The records of one run, under current key names; a bad line is an error naming the
-    file and line."""
+    """The records of one run; a bad line is an error naming the file and line."""
     file = Path(path)
     if file.is_dir():
         file = file / "metrics.jsonl"
@@ -44,7 +41,7 @@ def read_run(path: str | Path) -> list[dict[str, Any]]:
             if not line.strip():
                 continue
             try:
-                records.append(current_keys(json.loads(line)))
+                records.append(json.loads(line))
             except json.JSONDecodeError as e:
                 raise ValueError(f"{file}: line {number}: not JSON ({e.msg})") from e
     if not records:

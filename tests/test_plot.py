@@ -83,13 +83,6 @@ def test_examples_axis_puts_batch_sizes_on_one_scale() -> None:
         x_values([small[2]], "examples", "evals")
 
 
-def test_runs_saved_under_old_key_names_read_as_new_ones(tmp_path: Path) -> None:
-    new = _run(0.9, 512)
-    old = [{"sync_sync_gap_mean" if k == "sync_gap_mean" else k: v for k, v in r.items()}
-           for r in new]
-    assert plot.read_run(_write(tmp_path / "old", old)) == new
-
-
 def test_non_finite_runs_are_marked_not_dropped(tmp_path: Path) -> None:
     records = _run(0.9, 512)
     records[1]["ne"] = float("nan")  # json writes NaN, and reads it back
