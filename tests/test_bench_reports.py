@@ -109,6 +109,7 @@ def _ablations(rank: int, world_size: int) -> dict[str, dict[str, Any]]:
     return out
 
 
+@pytest.mark.slow
 def test_ablation_turns_off_one_feature_of_ours_per_variant() -> None:
     """``bench_loop --ablate``: each variant runs our loop with exactly its feature off (20
     steps; records every 10 steps, control checks every 10 with no floor, a beat a second)
@@ -234,6 +235,7 @@ def _interleaved_pair(rank: int, world_size: int) -> dict[str, Any]:
             "deferred calls": calls}
 
 
+@pytest.mark.slow
 def test_interleaved_pair_times_each_loop_apart() -> None:
     """``bench_loop --interleave``: the reference takes its blocks of steps right before ours'
     steps 10, 20, 30 and 40 (ours' last call is the one that finds no batch), and each side is
@@ -356,6 +358,7 @@ def _interleaved_arms(rank: int, world_size: int) -> dict[str, Any]:
             "bracket steps": {n: c.runner.stats().steps for n, c in again.children.items()}}
 
 
+@pytest.mark.slow
 def test_interleaved_arms_take_turns_on_one_model() -> None:
     """``bench_sync --interleave``: each arm's runner steps only in its own turns (10 steps in
     each of 3 cycles), the cycles rotate the order, a fixed-rate turn holds exactly its
@@ -421,6 +424,7 @@ def _rig_turns(rank: int, world_size: int) -> list[tuple[str, float]]:
     return rig_noise._rank(rank, world_size, step_ms=1.0, size=16, block=3, cycles=2)
 
 
+@pytest.mark.slow
 def test_rig_noise_reads_fixed_work_as_bench_sync_reads_an_aa_arm() -> None:
     rig = rig_noise
     turns = [("none", 1.0), ("none A/A", 4.0), ("none", 3.0), ("none A/A", 2.0), ("none", 1.0)]

@@ -97,6 +97,7 @@ RESUMED = [["sync.strategy.name=bmuf", "sync.schedule.mode=fixed_rate", "sync.sc
            ["sync.strategy.name=none"]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", RESUMED)
 def test_resume_equals_uninterrupted_run(world: World, algorithm: list[str]) -> None:
     root, results = world.root / f"resume{RESUMED.index(algorithm)}", world.results[str(algorithm)]
@@ -190,6 +191,7 @@ def _shadow_resume(rank: int, world_size: int, root: str) -> dict[str, Any]:
             "end": _state(resumed)}
 
 
+@pytest.mark.slow
 def test_shadow_resume_restores_the_checkpoint_exactly(world: World) -> None:
     """Shadow rounds run when threads get to them, so no two shadow runs, interrupted or not,
     are bit-identical. What resume promises there, on 2 ranks: the checkpoint holds one model
@@ -366,6 +368,7 @@ def _corruption_matrix(rank: int, world_size: int, root: str) -> dict[str, Any]:
     return outcomes
 
 
+@pytest.mark.slow
 def test_every_corruption_of_every_file_falls_back(world: World) -> None:
     """Each file of the newest checkpoint (DCP's ``.metadata`` and shard files, the per-rank
     files, the marker) truncated, overwritten at its start, middle or end, or deleted: both

@@ -93,6 +93,7 @@ def test_not_root_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> 
 
 
 # -- root and namespaces ----------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.timeout(30)
 def test_up_replaces_and_down_removes_only_its_own(root_ns: None) -> None:
     other = f"{NAME}-b"  # a name that starts with ours: must not be matched
@@ -125,6 +126,7 @@ def test_up_replaces_and_down_removes_only_its_own(root_ns: None) -> None:
     assert not (cl.ETC_NETNS / f"ssc-{NAME}-h0").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_limited_link_and_training_across_hosts(root_ns: None) -> None:
     lines: list[tuple[int, str]] = []
@@ -166,6 +168,7 @@ def _class_bytes(c: cl.Cluster) -> dict[str, int]:
                                                  stats)}
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_low_sync_class_keeps_training_traffic_ahead_of_sync_rounds(root_ns: None) -> None:
     # 1 MB alone takes 40 ms at 200 Mbit/s (25 MB/s). Beside back-to-back 8 MB rounds of a
@@ -181,6 +184,7 @@ def test_low_sync_class_keeps_training_traffic_ahead_of_sync_rounds(root_ns: Non
     assert _ours() == []
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_pinned_hosts_run_on_cpus_of_their_own(root_ns: None) -> None:
     lines: list[tuple[int, str]] = []
@@ -200,6 +204,7 @@ def test_pinned_hosts_run_on_cpus_of_their_own(root_ns: None) -> None:
     assert _ours() == []
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_failing_host_stops_the_others_and_removes_the_cluster(root_ns: None) -> None:
     t0 = time.monotonic()
@@ -213,6 +218,7 @@ def test_failing_host_stops_the_others_and_removes_the_cluster(root_ns: None) ->
     assert _ours() == []
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_sigterm_tears_down(root_ns: None) -> None:
     proc = subprocess.Popen(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+import pytest
 import torch
 
 from shadowsync.datasets import build_dataset
@@ -23,6 +24,8 @@ from shadowsync.pipelines.build import (
 from shadowsync.pipelines.config import RunConfig, load_config
 from shadowsync.sync.wrapper import build_replica_wrapper, data_parallel_table_parameters
 from shadowsync.testing import run_ranks
+
+pytestmark = pytest.mark.slow  # spawns ranks
 
 FBGEMM_WARNING = "fbgemm::dense_embedding_codegen_lookup_function: an autograd kernel"
 OVERRIDES = [

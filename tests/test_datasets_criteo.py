@@ -240,6 +240,7 @@ def test_truncated_last_line(tmp_path: Path) -> None:
     assert ds.stats["eval"]["bad_rows"] == 1
 
 
+@pytest.mark.slow
 def test_bad_row_deep_in_a_threaded_block_is_located(tmp_path: Path) -> None:
     path = str(tmp_path / "day_0")
     write_criteo_tsv(SyntheticCriteo(num_embeddings=100), path, 30_000, bad_row_every=25_001)
@@ -296,6 +297,7 @@ def npy_dir(days: list[str], tmp_path_factory: pytest.TempPathFactory) -> str:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])
 def test_tsv_ranks_read_disjoint_complete_shares(
     days: list[str], tmp_path: Path, world: int
@@ -447,6 +449,7 @@ def test_npy_eval_is_torchrecs_batch_for_batch_and_scores_every_row(
     assert len(shares) == 601
 
 
+@pytest.mark.slow
 def test_preprocess_skips_bad_rows_into_exact_files(tmp_path: Path) -> None:
     path, out = str(tmp_path / "day_0"), str(tmp_path / "npy")
     write_criteo_tsv(SyntheticCriteo(num_embeddings=1000), path, 2000, bad_row_every=97)
@@ -542,6 +545,7 @@ def _train_npy(rank: int, world_size: int, directory: str) -> list[dict[str, Any
     return out
 
 
+@pytest.mark.slow
 def test_npy_int32_ids_train_on_every_cpu_sharding_as_int64_ids(npy_dir: str) -> None:
     """TorchRec's sharded embeddings on CPU (fused tables split by column, whose ids travel in
     all-to-alls, and data-parallel ones) take the files' int32 ids and train exactly as with

@@ -58,6 +58,7 @@ def test_features_fit_their_tables(ml: MovieLens1M) -> None:
     assert batch.dense_features.shape == (512, 4) and batch.labels.shape == (512,)
 
 
+@pytest.mark.slow
 def test_ranks_read_disjoint_complete_shares(ml: MovieLens1M) -> None:
     def pairs(batches: list) -> list[tuple[int, int]]:  # (user, item) names one rating
         return [
@@ -84,6 +85,7 @@ def test_ranks_read_disjoint_complete_shares(ml: MovieLens1M) -> None:
             assert abs(len(shares[0]) - len(shares[1])) <= 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_user_split_gives_each_user_one_rank(shuffle: bool) -> None:
     """``rank_split: user``: every user's ratings on one rank, each read at most once, the
@@ -168,6 +170,7 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
+@pytest.mark.slow
 def test_a_dlrm_beats_the_base_rate(ml: MovieLens1M, one_thread: None) -> None:
     """One pass of a small single-process DLRM (~10 s): eval NE well below 1.
 

@@ -176,6 +176,7 @@ def test_an_aa_arm_is_reported_as_the_spread_between_identical_arms() -> None:
                for d in fr.dominance(summary))
 
 
+@pytest.mark.slow
 def test_an_interleaved_job_has_no_ddp_arm_and_says_what_its_repeats_are(
         tmp_path: Path) -> None:
     arms = fr.default_arms("ma", [5], ["b2b: sync.schedule.max_slowdown=null"], ddp=False)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import pytest
 import torch
 
 from shadowsync.pipelines.metrics import auc, binary_metrics, gather_metrics
@@ -83,6 +84,7 @@ def _ranks(rank: int, world_size: int) -> dict[str, Any]:
     return {"gathered": gathered, "windowed": metrics.compute()}
 
 
+@pytest.mark.slow
 def test_gathered_and_windowed_metrics_equal_direct_computation_over_all_ranks() -> None:
     results = run_ranks(_ranks, timeout_s=120)
     parts = [_sample(10 + r, 300 + 57 * r) for r in range(2)]
@@ -103,6 +105,7 @@ def test_gathered_and_windowed_metrics_equal_direct_computation_over_all_ranks()
     assert results[1]["windowed"] == {}  # computed on rank 0, as TorchRec's module does
 
 
+@pytest.mark.slow
 def test_training_metrics_slide_their_window_exactly_and_refuse_bad_arguments() -> None:
     """Computed at any step, the window is the last ``window_examples`` examples (however the
     batches fell into chunks, the window smaller than a chunk included) and the run-long NE

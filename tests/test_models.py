@@ -215,6 +215,7 @@ def test_config_rejects_mismatched_widths() -> None:
         DLRMConfig().embedding_bag_configs(["a"], [0])
 
 
+@pytest.mark.slow
 def test_synthetic_is_deterministic_disjoint_and_has_signal() -> None:
     ds = SyntheticCriteo(num_embeddings=1000, num_train_examples=10 * 64, num_eval_examples=8192,
                          multi_hot=[1] * 22 + [4] * 4)
@@ -330,6 +331,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[s
     return root, run_ranks(functools.partial(_train_every_model, root=str(root)), timeout_s=900)
 
 
+@pytest.mark.slow
 def test_every_model_is_initialized_through_sharding_and_learns_with_shadow_sync(
     trained: tuple[Path, list[dict[str, Any]]],
 ) -> None:
@@ -363,6 +365,7 @@ def test_every_model_is_initialized_through_sharding_and_learns_with_shadow_sync
     assert not torch.equal(dict(other.named_parameters())[name], reference[name])
 
 
+@pytest.mark.slow
 def test_every_dense_synchronizer_keeps_zoo_models_in_step(
     trained: tuple[Path, list[dict[str, Any]]],
 ) -> None:
@@ -380,6 +383,7 @@ def test_every_dense_synchronizer_keeps_zoo_models_in_step(
             assert summary["eval_ne"] < 0.95 and summary["eval_auc"] > 0.65, (run, rank, summary)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", list(MODELS))
 def test_load_gives_the_evaluate_clis_scores_on_one_process(
     model: str, trained: tuple[Path, list[dict[str, Any]]],
@@ -407,6 +411,7 @@ def test_load_gives_the_evaluate_clis_scores_on_one_process(
     assert evaluated["ne"] == results[0][model]["summary"]["eval_ne"]
 
 
+@pytest.mark.slow
 def test_load_refuses_weights_another_config_builds(
     trained: tuple[Path, list[dict[str, Any]]], tmp_path: Path,
 ) -> None:

@@ -8,7 +8,11 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from tests.test_sync_standalone import REPO, blocking
+
+pytestmark = pytest.mark.slow  # a subprocess
 
 _ZOO = """
 import json, torch

@@ -42,6 +42,7 @@ class _Recorder:
         self.runs, self.out, self.x = runs, out, x
 
 
+@pytest.mark.slow
 def test_plots_runs_and_rejects_bad_records(tmp_path: Path, capsys) -> None:
     a = _write(tmp_path / "runs" / "a", _run(0.9, 512))
     b = _write(tmp_path / "runs" / "b", _run(0.8, 4096))

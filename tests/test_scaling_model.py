@@ -402,6 +402,7 @@ def test_links_calibrated_on_fixed_rate_allreduce_times() -> None:
     assert only_tbf.unlimited_Bps == LINKS.unlimited_Bps  # nothing to fit it on: the probe's
 
 
+@pytest.mark.slow
 def test_fit_recovers_the_constants_and_predicts_other_host_counts() -> None:
     links = dataclasses.replace(LINKS, efficiency=0.8, unlimited_Bps=3.5e8)  # not the probe's
     jobs = {}
@@ -435,6 +436,7 @@ def test_fit_recovers_the_constants_and_predicts_other_host_counts() -> None:
     assert all(s["ratio_max"] < 2e-3 for s in summary if s["role"] != sm.LINK_HELD_OUT)
 
 
+@pytest.mark.slow
 def test_a_held_out_link_is_predicted_without_its_own_data() -> None:
     """Two 2-host links whose rounds cost differently: each held-out prediction uses only the
     other link's cost, so it misses by more than the fit on both does."""
@@ -572,6 +574,7 @@ def test_report_leaves_out_arms_it_does_not_know(tmp_path: Path) -> None:
     assert "| S mystery |" not in text
 
 
+@pytest.mark.slow
 def test_testbed_command_line_chunk_fallbacks(tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "raw").mkdir()
@@ -658,6 +661,7 @@ def test_staleness_class_and_nice_on_hand_numbers() -> None:
     assert niced.step_s == pytest.approx(0.1 + 0.5 * (0.01 + 0.1) / niced.steady_gap)
 
 
+@pytest.mark.slow
 def test_fit_recovers_the_niced_thread_constants() -> None:
     true = dataclasses.replace(TRUE, stretch_niced=0.8, wait_niced=1.5, kappa_niced=0.25)
     arms = [*TB_ARMS, "S b2b n10", "S b2b n19", "S 5% n10"]
@@ -673,6 +677,7 @@ def test_fit_recovers_the_niced_thread_constants() -> None:
     assert len(niced) == 9 and all(abs(r["ratio_error"]) < 0.02 for r in niced)
 
 
+@pytest.mark.slow
 def test_link_held_out_leaves_out_every_job_of_that_link() -> None:
     jobs = {(2, "1gbit"): _rows(_job(link="1gbit"), TRUE),
             (2, "1gbit-qos"): _rows(_job(link="1gbit"), TRUE)}

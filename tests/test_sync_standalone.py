@@ -63,6 +63,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 def test_config_imports_without_torch() -> None:
     code = _BLOCK + textwrap.dedent("""
         from shadowsync.sync.config import ALGORITHMS, SyncConfig
@@ -78,6 +79,7 @@ def test_config_imports_without_torch() -> None:
     assert out.stdout.strip() == "['bmuf', 'ddp', 'easgd', 'ma', 'none', 'torch_averager']"
 
 
+@pytest.mark.slow
 def test_shadow_sync_on_a_plain_pytorch_model() -> None:
     port = free_port()
     procs = [subprocess.Popen(

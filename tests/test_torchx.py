@@ -116,6 +116,7 @@ class TestComponentsParse(ComponentTestCase):
                 self.validate(module, fn)
 
 
+@pytest.mark.slow
 def test_cli_arguments_reach_the_appdef() -> None:
     """The file form that .torchxconfig names, fed CLI strings as `torchx run` does."""
     component = get_component(f"{REPO}/torchx_components/train.py:train")
@@ -217,6 +218,7 @@ def test_submit_check_refuses_a_folder_the_job_cannot_write(
     assert train(override, config="synthetic", check="config").roles
 
 
+@pytest.mark.slow
 def test_torchx_run_refuses_a_bad_setting_in_one_line(tmp_path: Path) -> None:
     """The README's promise: a bad key fails before any process starts, with exit code 2."""
     logs = tmp_path / "logs"
@@ -245,6 +247,7 @@ def test_preprocess_appdef() -> None:
         preprocess(out="/x")
 
 
+@pytest.mark.slow
 def test_local_cwd_dryrun(fake_bin: Path) -> None:
     with get_runner() as runner:
         info = runner.dryrun(train(*TRICKY, check="config"), "local_cwd",
@@ -261,6 +264,7 @@ def test_local_cwd_dryrun(fake_bin: Path) -> None:
     assert logs(env) == f"{folder} (stdout.log, stderr.log)"
 
 
+@pytest.mark.slow
 def test_slurm_dryrun(fake_bin: Path) -> None:
     app = train(*TRICKY, j="2x4", cpu=16, gpu=4, memMB=64000, env={"NCCL_DEBUG": "INFO"},
                 check="config")
@@ -287,6 +291,7 @@ def test_slurm_dryrun(fake_bin: Path) -> None:
         assert logs(env) == "torchx log slurm://torchx/4242"  # the summary's logs line
 
 
+@pytest.mark.slow
 def test_kubernetes_dryrun(fake_bin: Path) -> None:
     pytest.importorskip("kubernetes", reason="torchx renders Kubernetes pods with the kubernetes "
                                              "client; it is not installed")
@@ -312,6 +317,7 @@ def test_kubernetes_dryrun(fake_bin: Path) -> None:
         assert _program(argv) == ["-m", MODULE, "--config", "movielens_1m", *TRICKY]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("image", [None, "registry/shadowsync:cuda"])
 def test_local_docker_dryrun_runs_the_image(fake_bin: Path, image: str | None) -> None:
     """No docker daemon is needed to render the job; the default image is the one the
@@ -361,6 +367,7 @@ def _summary(out_dir: Path) -> dict[str, Any]:
     return lines[-1]
 
 
+@pytest.mark.slow
 def test_torchx_run_trains_two_ranks(tmp_path: Path) -> None:
     """`torchx run -- --config ... OVERRIDES` from the repo root: .torchxconfig picks local_cwd
     and our component (the first component argument must be an option, or torchx takes it for a
@@ -398,6 +405,7 @@ def test_torchx_run_trains_two_ranks(tmp_path: Path) -> None:
     assert "TopologyFactory" not in log and "StorageReservation" not in log
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("venv_on_path")
 def test_two_nodes_meet_through_c10d_rendezvous(tmp_path: Path) -> None:
     """``-j 2x1`` on local_cwd: two torchrun agents (one per "node") rendezvous on a free port;
@@ -426,6 +434,7 @@ FAILING_RANK = textwrap.dedent("""\
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("venv_on_path")
 def test_failing_rank_fails_the_job_with_its_error(tmp_path: Path) -> None:
     (tmp_path / "failing_rank.py").write_text(FAILING_RANK)
@@ -441,6 +450,7 @@ def test_failing_rank_fails_the_job_with_its_error(tmp_path: Path) -> None:
     assert "Root Cause" in "".join(lines)
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("venv_on_path")
 def test_preprocess_runs_the_criteo_cli(tmp_path: Path) -> None:
     from shadowsync.datasets.synthetic import SyntheticCriteo, write_criteo_tsv

@@ -95,6 +95,7 @@ def baselines(trained: dict[str, Runs]) -> Runs:
     return trained["baselines"]
 
 
+@pytest.mark.slow
 def test_plan_puts_tables_on_both_ranks(baselines: Runs) -> None:
     plan = baselines[0][0]["plan"]
     assert len(plan) == 26
@@ -103,6 +104,7 @@ def test_plan_puts_tables_on_both_ranks(baselines: Runs) -> None:
     assert baselines[1][0]["plan"] == plan  # every rank agrees on one plan
 
 
+@pytest.mark.slow
 def test_learns_the_planted_signal(baselines: Runs) -> None:
     planted = build_dataset("synthetic", **load_config("synthetic", SMALL).data.options)
     ceiling = planted.planted_auc(batch_size=2048)
@@ -121,6 +123,7 @@ def test_learns_the_planted_signal(baselines: Runs) -> None:
             k: v for k, v in summary.items() if k.startswith("eval_")}
 
 
+@pytest.mark.slow
 def test_none_replicas_drift_and_ddp_replicas_stay_equal(
     baselines: Runs,
 ) -> None:
@@ -128,6 +131,7 @@ def test_none_replicas_drift_and_ddp_replicas_stay_equal(
     assert _spread(baselines, 1) == 0.0  # ddp: allreduced gradients, identical steps
 
 
+@pytest.mark.slow
 def test_garbage_is_collected_at_the_same_steps_on_every_rank(baselines: Runs) -> None:
     # train.gc_every_steps is 50: everything at the start, the young generations after steps
     # 50, 100 and 150 of 160, and no automatic collection (-1) on any rank
@@ -135,6 +139,7 @@ def test_garbage_is_collected_at_the_same_steps_on_every_rank(baselines: Runs) -
         assert [rank[run]["collected"] for rank in baselines] == [[2, 1, 1, 1]] * 2
 
 
+@pytest.mark.slow
 def test_cpu_sharding_types_train(trained: dict[str, Runs]) -> None:
     results = trained["sharding"]
     for i, t in enumerate(SHARDING_TYPES):
@@ -155,6 +160,7 @@ def test_row_wise_is_refused_on_cpu_with_the_setting_named() -> None:
         sharding_constraints(cfg, [f"t_{n}" for n in spec.sparse_names], torch.device("cpu"))
 
 
+@pytest.mark.slow
 def test_shadowsync_in_the_trainer_syncs_while_training_and_ends_identical(
     baselines: Runs,
 ) -> None:
@@ -176,6 +182,7 @@ def test_shadowsync_in_the_trainer_syncs_while_training_and_ends_identical(
     assert _spread(baselines, 4) == 0.0
 
 
+@pytest.mark.slow
 def test_movielens_two_ranks_beat_the_constant_predictor(trained: dict[str, Runs]) -> None:
     """Real data: a third of a pass of MovieLens-1M on 2 ranks, scored on the held-out last 10%
     of ratings by time. NE < 1 means better than predicting the click rate for everyone."""
@@ -186,6 +193,7 @@ def test_movielens_two_ranks_beat_the_constant_predictor(trained: dict[str, Runs
     assert summary["eval_examples"] == 100_020  # every held-out rating, from both ranks
 
 
+@pytest.mark.slow
 def test_training_records_carry_windowed_metrics_that_learn(trained: dict[str, Runs]) -> None:
     """Every 100 steps a record with NE, AUC and calibration over the last 100,000 examples and
     NE over the run, computed on rank 0 from both ranks' predictions, in step order."""

@@ -156,6 +156,7 @@ def _lifecycle(rank: int, world_size: int) -> list[str]:
     return seen
 
 
+@pytest.mark.slow
 def test_every_transition_of_the_lifecycle() -> None:
     (seen,) = run_ranks(_lifecycle, world_size=1, timeout_s=120)
     assert seen[:22] == [
