@@ -368,8 +368,8 @@ def run_interleaved(
                   if base is not None else [math.nan] * len(turns))
         if trace:
             # Each step's seconds as the ranks' mean: the ranks' steps jitter against each
-            # other, so per-step maxima would sum to more than a turn took (by about 1.3% on
-            # emulated 1 Gbit/s hosts). Busy where any rank's was.
+            # other, so per-step maxima would sum to more than a turn took. Busy where any
+            # rank's was.
             step_seconds = torch.tensor([t.step_seconds for t in turns], dtype=torch.float64)
             dist.all_reduce(step_seconds)
             step_busy = torch.tensor([t.step_busy for t in turns], dtype=torch.float64)

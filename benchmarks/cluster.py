@@ -128,7 +128,7 @@ def _format_rate(bits: int | None) -> str:
 def default_burst(rate_bits: int) -> int:
     """Bucket depth for a rate: 2 ms worth of bytes, at least 32 KiB. A bucket smaller than one
     timer tick's worth of traffic caps the rate below the setting; a much deeper one lets whole
-    messages through at memory speed (1 Gbit/s -> 250 KB, measured to hold the rate)."""
+    messages through at memory speed (1 Gbit/s -> 250 KB)."""
     return max(32 * 1024, rate_bits // 8 // 500)
 
 

@@ -88,8 +88,7 @@ SHADOW = ("b2b s1: sync.schedule.max_slowdown=null sync.schedule.max_staleness=1
           "5% n10: sync.schedule.max_slowdown=0.05 sync.transport.thread_nice=10")
 # With --sync-class same (one FIFO per link) every shadow arm sends its round in chunks of
 # CHUNK_MS of link time (sync.transport.chunk_mb from the link's rate): a whole-buffer burst
-# would queue each embedding all-to-all behind it (measured at 200 Mbit/s, back to back: 0.48
-# of none's examples/s unchunked, 0.67 in 64 KB chunks), while much smaller chunks pay a
+# would queue each embedding all-to-all behind it, while much smaller chunks pay a
 # collective's fixed cost too often on a fast link. In the low class training's packets go first
 # anyway, so rounds go whole; unlimited links get no chunks either.
 CHUNK_MS = 2.5
@@ -226,8 +225,8 @@ def summarize(rows: list[dict[str, Any]], world_size: int) -> list[dict[str, Any
 def paired_min(shadow: dict[str, Any], fr: dict[str, Any]) -> float:
     """The smallest ``shadow / fr`` ratio to ``none`` over the runs both made (same seed and
     repeat, minutes apart in one job); NaN if none. Against one ``none`` run per repeat that is
-    their examples/s's ratio: the machine's speed drifts between repeats (``none`` itself moved
-    by 30% on 2 shared cores), which a ratio to that run carries into every arm, and two arms
+    their examples/s's ratio: the machine's speed drifts between repeats (on shared cores,
+    ``none``'s own runs differ), which a ratio to that run carries into every arm, and two arms
     of the same repeat share most of it. Bracketed turns (``bench_sync --bracket``) each have
     their own baseline, taken seconds away, so there each arm's ratio is already paired."""
     both = shadow["by_run"].keys() & fr["by_run"].keys()

@@ -181,9 +181,8 @@ def make_batch(
 @functools.lru_cache(maxsize=16)
 def _one_hot_layout(num_ids: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Lengths (all 1) and offsets of ``num_ids`` one-hot ids, made once per size and shared by
-    every batch of that size (never written), as TorchRec's npy reader shares its own: filling
-    400 KB per batch of 4096 rows took 13 us alone and 180 us between the batch's other
-    allocations, against ~200 us for a whole ``criteo_npy`` batch."""
+    every batch of that size (never written), as TorchRec's npy reader shares its own: a batch
+    allocates and fills none of them."""
     return torch.ones(num_ids, dtype=torch.int32), torch.arange(num_ids + 1, dtype=torch.int32)
 
 

@@ -21,8 +21,8 @@ __all__ = ["WIDE_DIM", "WideArch", "WideDeep", "build_wide_deep", "wide_tables"]
 
 # FBGEMM's fused embedding kernels take widths divisible by 4 only; a weight per id held as the
 # mean of 4 numbers is the same linear model, and the mean (not the sum) keeps the embedding
-# optimizer's step per id that of one weight (the sum moved the logit 4x as far per step and
-# trained to NE 0.99 on the planted signal, against 0.85).
+# optimizer's step per id that of one weight (the sum would move the logit 4 times as far per
+# step).
 WIDE_DIM = 4
 
 

@@ -124,8 +124,8 @@ def test_ablation_turns_off_one_feature_of_ours_per_variant() -> None:
         for name, row in result.items():  # every other feature stays on
             assert row["steps"] == 20, (name, row)
             assert name == "records off" or row["records"] == 2, (name, row)
-            # 20 tiny steps bound no speed ratio (a CI run read TorchRec's steps inside ours
-            # at 3.1x); the row's arithmetic is checked exactly in test_ablation_rows_and_table
+            # 20 tiny steps bound no speed ratio, only its sign; the row's arithmetic is
+            # checked exactly in test_ablation_rows_and_table
             assert all(math.isfinite(row[k]) and row[k] > 0 for k in ("ratio", "inside")), row
 
 

@@ -172,8 +172,8 @@ def _class_bytes(c: cl.Cluster) -> dict[str, int]:
 @pytest.mark.timeout(120)
 def test_low_sync_class_keeps_training_traffic_ahead_of_sync_rounds(root_ns: None) -> None:
     # 1 MB alone takes 40 ms at 200 Mbit/s (25 MB/s). Beside back-to-back 8 MB rounds of a
-    # second group, one FIFO per link queues it behind them (~110 ms measured); with the sync
-    # rounds in the low class it goes first (~40 ms).
+    # second group, one FIFO per link queues it behind them; with the sync rounds in the low
+    # class it goes first, in about its time alone.
     times = {}
     for sync_class in ("same", "low"):
         with cl.Cluster(hosts=2, rate="200mbit", name=NAME, sync_class=sync_class) as c:
