@@ -70,6 +70,7 @@ __all__ = ["FaultDomain", "Heartbeat"]
 logger = logging.getLogger("shadowsync.train")
 
 _STORE_TIMEOUT_S = 3.0
+_REPEAT_S = 5.0  # a SIGTERM this soon after the first is the same stop request
 _PEER_GRACE_S = 2.0  # and a beat: a round stalled in its collective lets its peer post first
 
 
@@ -163,15 +164,20 @@ class FaultDomain:
         domain.finish()
     """
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        """``clock``: tells a repeated SIGTERM from a later one."""
+        self._clock = clock
         self._stop_signal: int | None = None
+        self._stop_at = 0.0
         self.heartbeat: Heartbeat | None = None
         self._own_stall: Callable[[], BaseException | None] | None = None
 
     # ------------------------------------------------------------------------------ SIGTERM
     def install_sigterm_handler(self) -> None:
         """Turns SIGTERM (Slurm, Kubernetes, and torchrun passing on its own) into a stop
-        request; a second SIGTERM kills at once (the default action is back in place).
+        request. A SIGTERM within ``_REPEAT_S`` of the first is the same request (Slurm signals
+        every process of a job step, and torchrun then passes its own on: each rank gets two
+        within milliseconds); a later one kills at once.
 
         The grace the sender gives (torchrun's ``--shutdown_timeout``, Kubernetes'
         ``terminationGracePeriodSeconds``, Slurm's ``KillWait``; 30 s by default for all three)
@@ -181,8 +187,12 @@ class FaultDomain:
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         del frame
-        self._stop_signal = signum
-        signal.signal(signum, signal.SIG_DFL)
+        now = self._clock()
+        if self._stop_signal is None:
+            self._stop_signal, self._stop_at = signum, now
+        elif now - self._stop_at > _REPEAT_S:  # a later, deliberate one: die now
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
 
     def stop_requested(self) -> bool:
         """Whether SIGTERM reached this process (after :meth:`install_sigterm_handler`)."""

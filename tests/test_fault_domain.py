@@ -3,8 +3,16 @@
 
 from __future__ import annotations
 
+import os
+import signal
+
 from shadowsync.pipelines.checkpoint import CheckpointUnreadable
-from shadowsync.pipelines.fault_domain import FirstFailure, agreed_culprit, failure_message
+from shadowsync.pipelines.fault_domain import (
+    FaultDomain,
+    FirstFailure,
+    agreed_culprit,
+    failure_message,
+)
 from shadowsync.pipelines.faults import PeerFailed, is_consequence, waits_on_a_peer
 from shadowsync.sync.protocol import CollectiveFailed, RoundStalled, SyncError
 
@@ -37,3 +45,20 @@ def test_a_failure_posted_by_another_thread_of_this_rank_is_reported_as_posted()
     assert failure_message(FirstFailure(posted), 0) == posted
     assert failure_message(PeerFailed("rank 1 failed: x"), 0) == \
         "rank 0 failed: PeerFailed: rank 1 failed: x"
+
+
+def test_a_sigterm_repeated_within_seconds_is_the_same_stop_request() -> None:
+    """Slurm signals every process of a step and torchrun passes its own on: a rank gets two
+    SIGTERMs within milliseconds, and the second used to kill it before its checkpoint."""
+    now = [100.0]
+    domain = FaultDomain(clock=lambda: now[0])
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        domain.install_sigterm_handler()
+        os.kill(os.getpid(), signal.SIGTERM)
+        now[0] += 4.9
+        os.kill(os.getpid(), signal.SIGTERM)  # still the handler's: this process lives on
+        assert domain.stop_requested()
+        assert signal.getsignal(signal.SIGTERM) == domain._on_sigterm
+    finally:
+        signal.signal(signal.SIGTERM, before)
