@@ -34,9 +34,12 @@ from shadowsync.pipelines import checkpoint, faults, train
 from shadowsync.pipelines import evaluator as evaluator_module
 from shadowsync.pipelines.callbacks import TrainCallback
 from shadowsync.pipelines.config import load_config
+from shadowsync.testing import free_port, run_ranks
 from shadowsync.torchx_components.train import train as train_component
-from tests._dist import SMALL, free_port, run_ranks
+from tests._dist import SMALL
 from tests.faulty_train import _Poisoned
+
+pytestmark = pytest.mark.slow  # every test here runs jobs of spawned ranks
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
