@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-__all__ = ["free_port", "run_ranks"]
+__all__ = ["free_port", "run_ranks", "wait_for_app"]
 
 _EXIT_GRACE_S = 10.0
 _PRELOAD = ["shadowsync.pipelines.train"]
@@ -118,3 +118,18 @@ def run_ranks(fn: Callable[[int, int], Any], *, world_size: int = 2, timeout_s: 
     with torch.serialization.safe_globals(list(safe_types)):
         return [torch.load(io.BytesIO(reported[r][1]), weights_only=True)
                 for r in range(world_size)]
+
+
+def wait_for_app(runner: Any, handle: str, timeout_s: float) -> Any:
+    """Polls a torchx app (``runner``: a ``torchx.runner.Runner``) to a terminal state and
+    returns its ``AppStatus``; one still running after ``timeout_s`` is cancelled and raises
+    ``AssertionError``. A scheduler may not know a job for a moment after submitting it: no
+    status yet counts as running."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = runner.status(handle)
+        if status is not None and status.is_terminal():
+            return status
+        time.sleep(0.5)
+    runner.cancel(handle)
+    raise AssertionError(f"{handle} still running after {timeout_s} s")

@@ -28,6 +28,7 @@ from torchx.schedulers.api import Stream
 from torchx.specs import AppState, AppStatus
 
 from shadowsync.benchmarks import slurm_lab
+from shadowsync.testing import wait_for_app
 from shadowsync.torchx_components.train import train
 from tests._dist import SMALL
 
@@ -80,15 +81,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[slurm_lab.SlurmLab
 
 
 def _wait(runner: Runner, handle: str, timeout_s: float = JOB_TIMEOUT_S) -> AppStatus:
-    """Polls to a terminal state (``sacct`` may not know a job for a moment after sbatch)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        status = runner.status(handle)
-        if status is not None and status.is_terminal():
-            return status
-        time.sleep(0.5)
-    runner.cancel(handle)
-    pytest.fail(f"{handle} still running after {timeout_s}s")
+    return wait_for_app(runner, handle, timeout_s)  # type: ignore[no-any-return]
 
 
 def _log(runner: Runner, handle: str, stream: Stream) -> str:

@@ -31,6 +31,7 @@ from torchx.specs.finder import get_component
 
 from shadowsync.pipelines import launch
 from shadowsync.pipelines.console import logs
+from shadowsync.testing import wait_for_app
 from shadowsync.torchx_components import preprocess as preprocess_components
 from shadowsync.torchx_components import train as train_components
 from shadowsync.torchx_components.preprocess import preprocess
@@ -350,15 +351,7 @@ def venv_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _wait(runner: Runner, handle: str, timeout_s: float = RUN_TIMEOUT_S) -> AppStatus:
-    """Polls to a terminal state; a job still running at the deadline is cancelled and fails."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        status = runner.status(handle)
-        if status is not None and status.is_terminal():
-            return status
-        time.sleep(0.5)
-    runner.cancel(handle)
-    pytest.fail(f"{handle} still running after {timeout_s}s")
+    return wait_for_app(runner, handle, timeout_s)  # type: ignore[no-any-return]
 
 
 def _summary(out_dir: Path) -> dict[str, Any]:
