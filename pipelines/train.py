@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -81,6 +82,28 @@ def run(cfg: RunConfig, dataset: RecDataset, domain: FaultDomain | None = None,
     return summary
 
 
+# How long a rank other than local rank 0 waits, after a failed config check, to be stopped.
+_CONFIG_WAIT_S = 10.0
+
+
+def _bad_config(line: str, wait_s: float = _CONFIG_WAIT_S) -> int:
+    """Exit 2 for a configuration the ranks refuse, with ``line`` printed once per node.
+
+    Every rank of a node makes the same check, so every rank fails it. Local rank 0 prints
+    ``line``, leaves it in torchrun's error file and exits 2. Under torchrun the other ranks
+    wait up to ``wait_s`` for the SIGTERM torchrun sends once local rank 0 has exited; so
+    torchrun's summary (and the launcher's single line) always name local rank 0, however
+    the ranks raced to their checks. One that is not stopped in time (its local rank 0
+    passed the check) leaves the line and exits 2 itself.
+    """
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        print(line, file=sys.stderr, flush=True)
+    elif "TORCHELASTIC_RUN_ID" in os.environ:
+        time.sleep(wait_s)  # SIGTERM's default action ends this process here
+    leave_error(line, 2)
+    return 2
+
+
 @record
 def main(argv: list[str] | None = None) -> int:
     """Exit codes: 0 done, 1 failed (reported by the :class:`~.fault_domain.FaultDomain`: one
@@ -93,12 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = parse_args(argv)
         dataset = prepare(cfg)
-    except (ValueError, OSError) as e:  # the same on every rank of a node: printed once
-        line = f"error: {e}"
-        if int(os.environ.get("LOCAL_RANK", "0")) == 0:
-            print(line, file=sys.stderr, flush=True)
-        leave_error(line, 2)
-        return 2
+    except (ValueError, OSError) as e:
+        return _bad_config(f"error: {e}")
     domain = FaultDomain()
     domain.install_sigterm_handler()
     try:

@@ -21,6 +21,8 @@ package, so production code carries no fault hooks. Kinds, on rank ``R``:
 ``nan-loss``       the ``N``-th training batch of the epoch has NaN dense features, so the loss
                    of training step ``N`` is NaN
 ``nan-eval``       the ``N``-th evaluation batch has NaN dense features (NaN predictions)
+``late-check``     reach the config check ``N`` s after the other ranks (before any process
+                   group, so it announces itself by ``RANK``)
 =================  ============================================================================
 
 Each injection prints ``FAULT <kind> rank <R> at <unix time>`` first, so tests can time the
@@ -51,8 +53,9 @@ from shadowsync.sync.wrapper import ShadowSyncReplicas
 _SPEC = re.compile(r"rank(\d+):([a-z-]+)@(\d+)$")
 
 
-def _announce(kind: str) -> None:
-    print(f"FAULT {kind} rank {dist.get_rank()} at {time.time():.3f}", flush=True)
+def _announce(kind: str, rank: int | None = None) -> None:
+    rank = dist.get_rank() if rank is None else rank
+    print(f"FAULT {kind} rank {rank} at {time.time():.3f}", flush=True)
 
 
 def _act(kind: str) -> None:
@@ -184,6 +187,18 @@ def _nan_data(rank: int, n: int, kind: str) -> None:
     Trainer.__init__ = patched  # type: ignore[method-assign]
 
 
+def _late_check(rank: int, seconds: int) -> None:
+    parse = train.parse_args
+
+    def patched(argv: list[str] | None = None) -> Any:
+        if int(os.environ.get("RANK", "0")) == rank:
+            _announce("late-check", rank)
+            time.sleep(seconds)  # the injected lateness itself
+        return parse(argv)
+
+    train.parse_args = patched
+
+
 def install(spec: str) -> None:
     m = _SPEC.match(spec)
     if m is None:
@@ -197,6 +212,8 @@ def install(spec: str) -> None:
         _during_save(rank, n)
     elif kind in ("nan-loss", "nan-eval"):
         _nan_data(rank, n, kind)
+    elif kind == "late-check":
+        _late_check(rank, n)
     elif kind in ("raise", "kill", "stall", "sigstop", "sigterm", "sigterm-agent"):
         _after_step(rank, n, kind)
     else:

@@ -172,11 +172,15 @@ def test_bad_config_fails_before_any_process_group(
     ("train.bach_size=4", "error: unknown setting train.bach_size"),
 ], ids=["ranks' check", "command line"])
 def test_bad_config_fails_fast_in_one_line(override: str, line: str, launcher: bool) -> None:
-    """The error is printed once (by local rank 0, or the launcher before any rank starts).
-    The launcher exits 2 with nothing else for a command line it can check, and with two of
-    torchrun's own log lines for a check only the ranks make; bare torchrun exits 1 (its
-    agent's exit for any failed worker) with its summary, which carries the line."""
-    job = torchrun([override], launcher=launcher)
+    """The error is printed once (by local rank 0, or the launcher before any rank starts),
+    whichever rank reaches the check first: local rank 0 comes to it a second late, except
+    where the launcher checks the command line itself (with a fault the job runs
+    ``faulty_train``, whose command line the launcher leaves to the ranks). The launcher exits
+    2 with nothing else for a command line it can check, and with two of torchrun's own log
+    lines for a check only the ranks make; bare torchrun exits 1 (its agent's exit for any
+    failed worker) with its summary, which carries the line and names local rank 0."""
+    prechecked = launcher and override.startswith("train.")
+    job = torchrun([override], None if prechecked else "rank0:late-check@1", launcher)
     printed = [x for x in job.log.splitlines() if x.startswith("error:")]
     assert len(printed) == 1 and printed[0].startswith(line), job.log
     if launcher:
@@ -185,7 +189,7 @@ def test_bad_config_fails_fast_in_one_line(override: str, line: str, launcher: b
             assert job.log.strip().startswith(line) and job.log.strip().count("\n") == 0
     else:
         assert job.rc == 1 and "exitcode  : 2" in job.log
-        assert f"traceback : {line}" in job.log, job.log
+        assert f"traceback : {line}" in job.log and _root_cause(job.log) == 0, job.log
     how = "launcher" if launcher else "torchrun"
     _report(f"bad config ({override}), {how}", job, f"`{line} ...` once; "
             f"{'exit 2, no traceback' if launcher else 'torchrun summary names it'}")
