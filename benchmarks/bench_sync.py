@@ -44,6 +44,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,7 @@ from shadowsync.benchmarks.rows import (
 )
 from shadowsync.datasets import build_dataset
 from shadowsync.pipelines.build import DistEnv, init_distributed
+from shadowsync.pipelines.callbacks import TrainCallback
 from shadowsync.pipelines.config import load_config
 from shadowsync.pipelines.trainer import Trainer
 from shadowsync.sync.config import SyncConfig
@@ -97,12 +99,40 @@ def _tx_bytes() -> int | None:
     return int(path.read_text())
 
 
-def run_arm(env: DistEnv, preset: str, overrides: list[str]) -> dict[str, Any]:
+class DeviceWait(TrainCallback):
+    """A GPU trainer's host, emulated on CPU: after every training step the training thread
+    waits ``ms`` milliseconds holding neither a core nor the GIL, as a host thread blocked on
+    a CUDA event (``cudaEventBlockingSync``) while the device computes the step.
+
+    What it models: a host CPU idle for most of each step, which a background round can use
+    (on this 2-core rig every step otherwise keeps both cores busy, unlike a GPU trainer's
+    host or the many-core Hogwild trainers of ShadowSync, arXiv 2003.03477, where a sync
+    thread takes a small share). A fixed-rate round still adds to the step, as it would sit
+    in the stream after the step's kernels. What it does not model: device memory bandwidth
+    or compute taken by the round (NCCL's kernels occupy SMs the step wants), host-device
+    copies over PCIe, a host wait that spins (CUDA's default scheduling can hold a core while
+    it waits), or device time that overlaps the host's own launch work (here the wait
+    follows the whole CPU step).
+    """
+
+    def __init__(self, ms: float, wait: Callable[[float], None] = time.sleep) -> None:
+        if not (ms >= 0 and math.isfinite(ms)):
+            raise ValueError(f"device step must be a finite number of ms >= 0, got {ms}")
+        self.seconds = ms / 1e3
+        self._wait = wait
+
+    def on_step_end(self, step: int) -> None:
+        self._wait(self.seconds)
+
+
+def run_arm(env: DistEnv, preset: str, overrides: list[str],
+            callbacks: Sequence[TrainCallback] = ()) -> dict[str, Any]:
     """One full training run and final eval; collective. On an emulated cluster (see
     ``cluster.py``) also the bytes every host put on its link, summed over hosts (embedding
     all-to-alls, synchronization and the final evaluation's gathers)."""
     cfg = load_config(preset, overrides)
-    trainer = Trainer(cfg, env, build_dataset(cfg.data.name, **cfg.data.options))
+    trainer = Trainer(cfg, env, build_dataset(cfg.data.name, **cfg.data.options),
+                      callbacks=callbacks)
     dist.barrier()
     before = _tx_bytes()
     summary = trainer.train()
@@ -325,6 +355,7 @@ def run_interleaved(
     block: int,
     bracket: bool = False,
     trace: bool = False,
+    callbacks: Sequence[TrainCallback] = (),
 ) -> list[dict[str, Any]]:
     """For each seed, one training run in which the arms take turns of ``block`` steps
     (:class:`RotatingReplicas`) for ``cycles + 1`` cycles; the first cycle is a warm-up and
@@ -353,7 +384,7 @@ def run_interleaved(
                                    f"train.epochs={steps}"])
         wrapper = RotatingReplicas(syncs, block, base, trace)
         with Trainer(cfg, env, build_dataset(cfg.data.name, **cfg.data.options),
-                     wrapper=wrapper) as trainer:
+                     wrapper=wrapper, callbacks=callbacks) as trainer:
             summary = trainer.train()
         turns = [t for t in wrapper.turns if t.done]
         if len(turns) != steps // block:
@@ -413,6 +444,7 @@ def run_all(
     arms: list[tuple[str, list[str]]],
     seeds: list[int],
     repeats: int,
+    callbacks: Sequence[TrainCallback] = (),
 ) -> list[dict[str, Any]]:
     """Every arm, for every seed, ``repeats`` times in rotated order (so no arm always runs
     first or last: the rotation goes on across seeds, so one repeat of several seeds rotates
@@ -420,13 +452,15 @@ def run_all(
     a process pays one-time costs (imports, allocator, thread pools) that would otherwise land
     on whichever arm runs first, usually the ``none`` baseline."""
     _, overrides = arms[0]
-    run_arm(env, preset, [*common, *overrides, "train.steps=50", "eval.max_batches=1"])
+    run_arm(env, preset, [*common, *overrides, "train.steps=50", "eval.max_batches=1"],
+            callbacks)
     rows = []
     for i, seed in enumerate(seeds):
         for rep in range(repeats):
             shift = (i * repeats + rep) % len(arms)
             for name, overrides in arms[shift:] + arms[:shift]:
-                summary = run_arm(env, preset, [*common, f"train.seed={seed}", *overrides])
+                summary = run_arm(env, preset, [*common, f"train.seed={seed}", *overrides],
+                                  callbacks)
                 rows.append({"arm": name, "seed": seed, "repeat": rep, **summary})
                 if env.rank == 0:
                     print(f"seed {seed} repeat {rep} {name}: "
@@ -515,6 +549,9 @@ def main() -> int:
     parser.add_argument("--trace", action="store_true",
                         help="with --interleave: keep every step's seconds and whether "
                              "synchronization touched it in each turn's row")
+    parser.add_argument("--device-step-ms", type=float, default=0.0, metavar="D",
+                        help="emulate a GPU trainer: every arm's training thread waits D ms "
+                             "after each step without holding a core or the GIL (DeviceWait)")
     parser.add_argument("overrides", nargs="*", help="overrides common to every arm")
     args = parser.parse_args()
     for flag in ("bracket", "trace"):
@@ -525,19 +562,26 @@ def main() -> int:
     common = ["eval.every_steps=null", "logging.progress_bar=false", *args.overrides]
     if args.steps:
         common = [f"train.steps={args.steps}", f"train.log_every={args.steps + 1}", *common]
+    if args.device_step_ms < 0 or not math.isfinite(args.device_step_ms):
+        parser.error(f"--device-step-ms must be >= 0, got {args.device_step_ms}")
+    callbacks = [DeviceWait(args.device_step_ms)] if args.device_step_ms else []
     env = init_distributed(300.0)
     if args.interleave:
         rows = run_interleaved(env, args.config, common, arms, args.seeds, args.repeats,
-                               args.interleave, args.bracket, args.trace)
+                               args.interleave, args.bracket, args.trace, callbacks)
     else:
-        rows = run_all(env, args.config, common, arms, args.seeds, args.repeats)
+        rows = run_all(env, args.config, common, arms, args.seeds, args.repeats, callbacks)
+    for row in rows:
+        row["device_step_ms"] = args.device_step_ms
     if env.rank == 0:
         runs = (f"turns of {args.interleave} steps{', bracketed' if args.bracket else ''}, "
                 f"{args.repeats} timed cycle(s)"
                 if args.interleave else
                 f"steps {args.steps or 'from config'}, {args.repeats} repeat(s)")
+        device = (f", a device wait of {args.device_step_ms:g} ms a step"
+                  if args.device_step_ms else "")
         print(f"\n{env.world_size} ranks on {env.device}, config {args.config} "
-              f"{' '.join(args.overrides)}; {runs}, seeds {args.seeds}\n")
+              f"{' '.join(args.overrides)}; {runs}, seeds {args.seeds}{device}\n")
         if args.json:  # before the table: a long job's runs outlive a failure to report them
             write_json(args.json, rows)
         print(table(aggregate(rows)))

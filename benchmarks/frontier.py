@@ -153,6 +153,7 @@ def run_job(out: Path, hosts: int, link: str, args: argparse.Namespace, command:
             *(["--interleave", str(args.interleave)] if args.interleave else []),
             *(["--bracket"] if args.bracket else []),
             *(["--trace"] if args.trace else []),
+            *(["--device-step-ms", f"{args.device_step_ms:g}"] if args.device_step_ms else []),
             "--json", str(raw.resolve()),
             *[f"--arm={a}" for a in default_arms(
                 args.algorithm, args.periods, args.shadow, args.wires,
@@ -251,6 +252,39 @@ def dominance(arms: list[dict[str, Any]]) -> list[dict[str, Any]]:
                        if s["ratio"]["median"] >= fr["ratio"]["median"]],
         })
     return rows
+
+
+# "Frequent synchronization at almost no throughput cost" (the paper's claim), as a floor.
+NO_COST = 0.98
+
+
+def no_cost(arms: list[dict[str, Any]], keep: float = NO_COST) -> list[dict[str, Any]]:
+    """Per wire dtype: the smallest mean sync gap that shadow and FR each reach while keeping
+    ``keep`` of ``none``'s examples/s, on the whole spread of ratios (the arm's worst repeat)
+    and on the median; None where no arm of the kind keeps it."""
+    rows = []
+    for tag in dict.fromkeys(wire_tag(a["arm"]) for a in arms
+                             if a["arm"].startswith(("S ", "FR "))):
+        row: dict[str, Any] = {"wire": tag.strip() or "float32"}
+        for kind in ("S ", "FR "):
+            mine = [a for a in arms if a["arm"].startswith(kind) and wire_tag(a["arm"]) == tag
+                    and not math.isnan(a["gap"])]
+            for how in ("min", "median"):
+                kept = [a for a in mine if a["ratio"][how] >= keep]
+                row[f"{kind.strip()}_{how}"] = min(kept, key=lambda a: a["gap"], default=None)
+        rows.append(row)
+    return rows
+
+
+def no_cost_table(rows: list[dict[str, Any]], keep: float = NO_COST) -> str:
+    def cell(a: dict[str, Any] | None) -> str:
+        return "**none**" if a is None else f"{a['arm']} (gap {a['gap']:.1f})"
+
+    return markdown_table(
+        ["wire", f"shadow, whole spread >= {keep}", f"shadow, median >= {keep}",
+         f"FR, whole spread >= {keep}", f"FR, median >= {keep}"],
+        [[r["wire"], cell(r["S_min"]), cell(r["S_median"]), cell(r["FR_min"]),
+          cell(r["FR_median"])] for r in rows], "lllll")
 
 
 def slowdown_budgets(arms: Mapping[str, str]) -> dict[str, float]:
@@ -446,6 +480,16 @@ def budget_line(goals: list[dict[str, Any]], aa: list[dict[str, Any]]) -> str:
     return text + ". Jobs ran different revisions of the pacer (FINDINGS says which).\n\n"
 
 
+def device_line(ms: float) -> str:
+    """What a job's device wait was (a paragraph), or '' without one."""
+    if not ms:
+        return ""
+    return (f"Emulated GPU trainers (`--device-step-ms {ms:g}`): after every step each rank's "
+            f"training thread waited {ms:g} ms holding neither a core nor the GIL, as a host "
+            "thread waits on its device (`bench_sync.py`'s `DeviceWait` says what that models "
+            "and what it does not).\n\n")
+
+
 def interleave_line(block: int | None, bracketed: bool = False) -> str:
     """What an interleaved job's rows are (a paragraph), or '' for separate runs."""
     if block is None:
@@ -466,6 +510,7 @@ def report(out: Path, links: Sequence[str]) -> str:
     commands: dict[tuple[str, int], str] = {}
     turns: dict[tuple[str, int], int | None] = {}  # --interleave's turn length, if any
     bracketed: dict[tuple[str, int], bool] = {}
+    device_ms: dict[tuple[str, int], float] = {}
     footprints: dict[tuple[str, int], str] = {}
     goals: list[dict[str, Any]] = []
     aas: list[dict[str, Any]] = []
@@ -477,6 +522,7 @@ def report(out: Path, links: Sequence[str]) -> str:
         by_link.setdefault(link, {})[hosts] = arms
         turns[(link, hosts)] = rows[0].get("interleave") if rows else None
         bracketed[(link, hosts)] = any("baseline_examples_per_s" in r for r in rows)
+        device_ms[(link, hosts)] = rows[0].get("device_step_ms", 0.0) if rows else 0.0
         footprints[(link, hosts)] = footprint_table(rows)
         cmd = raw.with_suffix(".cmd")
         commands[(link, hosts)] = cmd.read_text() if cmd.exists() else "(not recorded)\n"
@@ -493,10 +539,13 @@ def report(out: Path, links: Sequence[str]) -> str:
                 aas += [a for a in arms if a["arm"] == AA_ARM]
             sections.append(f"### {hosts} hosts, links {link}\n\n"
                             f"Command: `{command}`\n\n"
+                            + device_line(device_ms[(link, hosts)])
                             + interleave_line(turns[(link, hosts)], bracketed[(link, hosts)])
                             + f"{table(arms)}\n\n"
                             + aa_line(arms)
                             + f"{dominance_table(dominance(arms))}\n\n"
+                            + f"The most frequent synchronization at >= {NO_COST} of `none`'s "
+                            f"examples/s:\n\n{no_cost_table(no_cost(arms))}\n\n"
                             + (f"{slowdown_table(goal)}\n\n" if goal else "")
                             + footprints[(link, hosts)]
                             + (f"<details><summary>arms</summary>\n\n{arm_list}\n</details>\n"
@@ -564,12 +613,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --interleave --bracket: time every step and mark the ones "
                              "synchronization touched (bench_sync --trace); the report then "
                              "shows where each arm's cost lands")
+    parser.add_argument("--device-step-ms", type=float, default=0.0, metavar="D",
+                        help="emulated GPU trainers: every step of every arm waits D ms "
+                             "without a core or the GIL (bench_sync --device-step-ms)")
     parser.add_argument("overrides", nargs="*", help="overrides common to every arm")
     args = parser.parse_args(argv)
     if args.bracket and not args.interleave:
         parser.error("--bracket needs --interleave")
     if args.trace and not args.bracket:
         parser.error("--trace needs --interleave --bracket (steps are set against none's pace)")
+    if args.device_step_ms < 0 or not math.isfinite(args.device_step_ms):
+        parser.error(f"--device-step-ms must be >= 0, got {args.device_step_ms}")
     if args.chunk_ms is None:
         args.chunk_ms = CHUNK_MS if args.sync_class == "same" else 0.0
     (args.out / "raw").mkdir(parents=True, exist_ok=True)

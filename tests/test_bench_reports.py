@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import time
 from typing import Any
 
 import pytest
@@ -324,6 +325,20 @@ def test_bracketed_turns_put_the_baseline_beside_every_other_turn() -> None:
     assert got[:6] == [1.0, 2.0, 3.0, 4.0, 4.0, 5.0] and math.isnan(got[6])
 
 
+DEVICE_MS = 20.0
+
+
+def test_device_wait_waits_its_time_after_every_step_and_checks_it() -> None:
+    waited: list[float] = []
+    device = bench_sync.DeviceWait(37.5, waited.append)
+    for step in (1, 2, 3):
+        device.on_step_end(step)
+    assert waited == [0.0375] * 3
+    for bad in (-1.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match="finite number of ms >= 0"):
+            bench_sync.DeviceWait(bad)
+
+
 def _interleaved_arms(rank: int, world_size: int) -> dict[str, Any]:
     from shadowsync.pipelines.build import init_distributed
     from tests._dist import SMALL
@@ -345,15 +360,22 @@ def _interleaved_arms(rank: int, world_size: int) -> dict[str, Any]:
                       "sync.schedule.max_slowdown=null", "sync.schedule.max_staleness=1"])]
     common = [*SMALL[2:], "eval.max_batches=1"]
     rows = bench.run_interleaved(env, "synthetic", common, arms, seeds=[0], cycles=2, block=10)
+    waits: list[float] = []
+
+    def wait(seconds: float) -> None:
+        waits.append(seconds)
+        time.sleep(seconds)  # the emulated device step itself
+
     bracketed = bench.run_interleaved(env, "synthetic", common, arms, seeds=[0], cycles=1,
-                                      block=10, bracket=True, trace=True)
+                                      block=10, bracket=True, trace=True,
+                                      callbacks=[bench.DeviceWait(DEVICE_MS, wait)])
     wrapper, again = made
     return {"rows": rows,
             "order": [(t.arm, t.cycle) for t in wrapper.turns if t.done],
             "begun": [(t.arm, t.cycle) for t in wrapper.turns if not t.done],
             "steps": {n: c.runner.stats().steps for n, c in wrapper.children.items()},
             "phases": {n: c.phase.name for n, c in wrapper.children.items()},
-            "bracketed": bracketed,
+            "bracketed": bracketed, "waits": waits,
             "bracket order": [(t.arm, t.cycle) for t in again.turns if t.done],
             "bracket steps": {n: c.runner.stats().steps for n, c in again.children.items()}}
 
@@ -395,6 +417,9 @@ def test_interleaved_arms_take_turns_on_one_model() -> None:
         assert result["bracket steps"] == {"FR k=5": 20, "S s1": 20}
         rows = result["bracketed"]
         assert [r["arm"] for r in rows] == ["none", "S s1", "none", "FR k=5"]
+        # --device-step-ms: one wait after every training step of the run (9 turns of 10),
+        # inside the step as the turns time it
+        assert result["waits"] == [DEVICE_MS / 1e3] * 90
         examples = 10 * 128 * 2  # block x SMALL's batch x ranks
         before, after = rows[0]["train_seconds"], rows[2]["train_seconds"]
         assert rows[1]["baseline_examples_per_s"] == pytest.approx(
@@ -405,7 +430,7 @@ def test_interleaved_arms_take_turns_on_one_model() -> None:
         # count goes on across turns: 11, 16); the staleness-1 arm's rounds run from its
         # first snapshot on, awaited at every step after, so every step is touched from then
         for r in rows:
-            assert len(r["step_seconds"]) == 10 and min(r["step_seconds"]) > 0
+            assert len(r["step_seconds"]) == 10 and min(r["step_seconds"]) >= DEVICE_MS / 1e3
             # the ranks' mean step: the steps add up to no more than the slowest rank's turn
             assert 0.5 * r["train_seconds"] < sum(r["step_seconds"]) <= r["train_seconds"]
         none, shadow, _, fixed = (r["step_busy"] for r in rows)
