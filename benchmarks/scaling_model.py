@@ -429,7 +429,10 @@ from each job's ``none`` arm and its link, with constants fitted on the 2-host j
     derived   beta = min(B, Bc)                          (unlimited: Bc)
               A  = 2 (N-1)/N * S / beta                  ring allreduce; links add no delay
               Ac = 2 (N-1)/N * S / Bc                    the CPU work of moving those bytes
-              X  = w / beta,  Tc = T0 - X                all-to-all and compute inside T0
+              X  = w / beta,  Tc = T0 - X - D            all-to-all and compute inside T0;
+                                                         D: the emulated device wait of a
+                                                         step (bench_sync --device-step-ms),
+                                                         in which the cores idle
               Q  = min(L, (Sk/N) / B) if B < Bc, else 0  the wait behind one ring chunk in a
                                                          link's FIFO queue (tbf), where the
                                                          link and not the CPU is the limit;
@@ -664,6 +667,7 @@ class TestbedMeasured:
     busy_share: float
     round_cost: float
     interleaved: bool = False  # rows are turns of a --interleave job (TESTBED_DOC, turns)
+    device_s: float = 0.0  # D: the emulated device wait of every step (TESTBED_DOC)
 
 
 def _steps(row: Mapping[str, Any]) -> int:
@@ -714,6 +718,7 @@ def measure_testbed(rows: Sequence[Mapping[str, Any]], hosts: int
             busy_share=_nanmean([float(r.get("sync_busy_share", math.nan)) for r in mine]),
             round_cost=_nanmean([float(r.get("sync_round_cost", math.nan)) for r in mine]),
             interleaved=all("interleave" in r for r in mine),
+            device_s=_median([float(r.get("device_step_ms", 0.0)) / 1e3 for r in mine]),
         )
     return out
 
@@ -734,11 +739,13 @@ class TestbedJob:
     link_Bps: float | None  # B; None for an unlimited link
     tbf_latency_s: float  # L
     interleaved: bool = False  # a turns job: gaps are measured within turns (TESTBED_DOC)
+    device_s: float = 0.0  # D
 
     @property
     def compute_s(self) -> float:
-        """Tc: the part of the step that is CPU work (and stretches as the cores are shared)."""
-        return max(self.step_s - self.a2a_s, 0.0)
+        """Tc: the part of the step that is CPU work (and stretches as the cores are shared):
+        neither the all-to-all nor the emulated device wait."""
+        return max(self.step_s - self.a2a_s - self.device_s, 0.0)
 
     @property
     def allreduce_s(self) -> float:
@@ -780,7 +787,8 @@ def testbed_job(hosts: int, link: str, measured_arms: Mapping[str, TestbedMeasur
                       step_s=hosts * none.batch_size / none.examples_per_s, bandwidth_Bps=beta,
                       round_bytes=size, a2a_s=wire / beta, cpu_Bps=links.cpu_Bps(hosts),
                       link_Bps=links.link_Bps(_link_rate_name(link)),
-                      tbf_latency_s=links.tbf_latency_s, interleaved=none.interleaved)
+                      tbf_latency_s=links.tbf_latency_s, interleaved=none.interleaved,
+                      device_s=none.device_s)
 
 
 def calibrate_links(measured: Mapping[tuple[int, str], Mapping[str, TestbedMeasured]],

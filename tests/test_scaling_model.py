@@ -295,6 +295,26 @@ def test_turns_jobs_count_a_turns_steps_bytes_and_gaps() -> None:
     assert s5[0].ratio == s5[1].ratio
 
 
+def test_a_device_wait_is_neither_compute_nor_all_to_all() -> None:
+    """With ``--device-step-ms``, the rows say how long each step waited for the emulated
+    device: that part of T0 is idle cores, so the CPU work scaled by Tc leaves it out."""
+    rows = [{"arm": a, "seed": 0, "repeat": 0, "interleave": 100, "examples_per_s": e,
+             "train_seconds": 25.6 * 1000 / e, "wire_bytes": 8e8, "device_step_ms": 60.0}
+            for a, e in (("none", 1000.0), ("FR k=10", 900.0))]
+    m = sm.measure_testbed(rows, hosts=2)
+    assert m["none"].device_s == pytest.approx(0.06)
+    assert sm.measure_testbed([{k: v for k, v in r.items() if k != "device_step_ms"}
+                               for r in rows], hosts=2)["none"].device_s == 0.0
+    plain = _job()
+    waiting = dataclasses.replace(plain, device_s=0.05)
+    assert waiting.compute_s == pytest.approx(plain.compute_s - 0.05)
+    fr = sm.parse_testbed_arm("FR k=10")
+    k = sm.TestbedConstants(rho=0.5, delta=0.0, kappa=0.0)
+    # the FR round's CPU work r = rho Tc shrinks by rho D; its allreduce does not
+    less = (sm.predict_testbed(fr, plain, k).step_s - sm.predict_testbed(fr, waiting, k).step_s)
+    assert less == pytest.approx(10 / 100 * 0.5 * 0.05)
+
+
 def test_fixed_rate_rounds_and_gap_follow_the_runner_schedule() -> None:
     assert [sm.fr_rounds(100, k) for k in (1, 2, 3, 10, 50, 200)] == [100, 50, 34, 10, 2, 1]
     k = sm.TestbedConstants(rho=0.0, delta=0.0, kappa=0.0)
