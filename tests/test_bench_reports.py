@@ -153,8 +153,11 @@ def test_arms_rotate_across_seeds_and_repeats(monkeypatch: object) -> None:
     still rotates, so ``none`` is not always measured first in a pass."""
     bench = bench_sync
     order: list[str] = []
+    device = [bench.DeviceWait(1.0)]  # every run, the warm-up too, waits on the device
 
-    def fake_run_arm(env: object, preset: str, overrides: list[str]) -> dict[str, float]:
+    def fake_run_arm(env: object, preset: str, overrides: list[str],
+                     callbacks: list[object]) -> dict[str, float]:
+        assert callbacks is device
         warm_up = "train.steps=50" in overrides
         order.append("warm-up" if warm_up else next(o for o in overrides if o.startswith("arm=")))
         return {"examples_per_s": 1.0, "eval_auc": 0.5}
@@ -162,8 +165,9 @@ def test_arms_rotate_across_seeds_and_repeats(monkeypatch: object) -> None:
     monkeypatch.setattr(bench, "run_arm", fake_run_arm)  # type: ignore[attr-defined]
     arms = [(name, [f"arm={name}"]) for name in ("none", "ddp", "S")]
     env = type("Env", (), {"rank": 1})()
-    rows = bench.run_all(env, "synthetic", [], arms, seeds=[0, 1, 2], repeats=1)
-    assert order[0] == "warm-up"
+    rows = bench.run_all(env, "synthetic", [], arms, seeds=[0, 1, 2], repeats=1,
+                         callbacks=device)
+    assert order[0] == "warm-up" and len(order) == 10
     firsts = [order[1 + 3 * i] for i in range(3)]
     assert firsts == ["arm=none", "arm=ddp", "arm=S"], order
     assert [(r["seed"], r["arm"]) for r in rows][:4] == [(0, "none"), (0, "ddp"), (0, "S"),
