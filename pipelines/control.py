@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from collections.abc import Callable
 
 import torch
@@ -38,13 +37,16 @@ class ControlExchange:
 
     def __init__(self, cfg: RunConfig, env: DistEnv, control: faults.Control,
                  watch: faults.FiniteWatch, domain: FaultDomain,
-                 wrapper: LocalReplicas | DDPReplicas, callbacks: Callbacks) -> None:
+                 wrapper: LocalReplicas | DDPReplicas, callbacks: Callbacks,
+                 clock: Callable[[], float]) -> None:
+        """``clock``: seconds, what this rank's pace is timed on."""
         self.cfg, self.env, self.control, self.watch = cfg, env, control, watch
         self.domain, self.wrapper, self._callbacks = domain, wrapper, callbacks
+        self._now = clock
         # The periodic exchange in flight: the step it was started after, its table.
         self._pending: tuple[int, Callable[[], torch.Tensor]] | None = None
         self._next = cfg.train.control_every_steps  # the step of the next periodic check
-        self._clock = (time.perf_counter(), 0)  # this rank's pace is timed from: when, step
+        self._clock = (clock(), 0)  # this rank's pace is timed from: when, step
 
     def due(self, step: int) -> bool:
         """Whether the periodic check falls on ``step``."""
@@ -56,7 +58,7 @@ class ControlExchange:
         self._next = step + self.cfg.train.control_every_steps
 
     def restart_pace(self, step: int, at: float) -> None:
-        """This rank's pace is timed from ``at`` (``time.perf_counter()``) after ``step``:
+        """This rank's pace is timed from ``at`` (on the clock) after ``step``:
         where training (re)starts, so that it counts training time only."""
         self._clock = (at, step)
 
@@ -89,7 +91,7 @@ class ControlExchange:
         """This rank's seconds a training step since the last check (0: no step since), and
         the clock restarted for the next."""
         since, before = self._clock
-        now = time.perf_counter()
+        now = self._now()
         self._clock = (now, step)
         return (now - since) / (step - before) if step > before else 0.0
 

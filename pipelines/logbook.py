@@ -60,8 +60,11 @@ class Logbook:
 
     def __init__(self, cfg: RunConfig, env: DistEnv, console: ConsoleLog,
                  metrics: TrainingMetrics, stats: Callable[[], dict[str, Any]],
-                 callbacks: Callbacks) -> None:
+                 callbacks: Callbacks, clock: Callable[[], float]) -> None:
+        """``clock``: seconds, what examples/s is timed on (``metrics.jsonl``'s ``time`` stays
+        the Unix time)."""
         self.cfg, self.env, self.console, self.metrics = cfg, env, console, metrics
+        self._clock = clock
         self._stats, self._callbacks = stats, callbacks
         self.history: list[dict[str, Any]] = []
         self.out_dir = Path(cfg.output_dir) if cfg.output_dir else None
@@ -69,7 +72,7 @@ class Logbook:
             self.out_dir.mkdir(parents=True, exist_ok=True)
         # The training record whose metrics are being computed in the background.
         self._pending: tuple[dict[str, Any], Future[dict[str, float]]] | None = None
-        self._since = (time.perf_counter(), 0)  # the last training record: when, which step
+        self._since = (clock(), 0)  # the last training record: when, which step
         self._losses: list[torch.Tensor] = []  # since the last record, summed there
         self._bar: tqdm[Any] | None = None
         self._board: SummaryWriter | None = None
@@ -86,7 +89,7 @@ class Logbook:
         self._bar = tqdm(total=self.console.total_steps, initial=step, disable=not show_bar,
                          unit="step", dynamic_ncols=True)
         self.console.start(step, progress_lines=not show_bar)
-        self._since = (time.perf_counter(), step)
+        self._since = (self._clock(), step)
 
     def close(self) -> None:
         """Closes the progress bar and the TensorBoard writer (after the last record)."""
@@ -132,7 +135,7 @@ class Logbook:
         loss = float(torch.stack(self._losses).mean())
         self._losses.clear()
         per_step = self.cfg.train.batch_size * self.env.world_size
-        now = time.perf_counter()
+        now = self._clock()
         since, steps_before = self._since
         self._since = (now, step)
         record: dict[str, Any] = {"step": step, "loss": loss,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -40,15 +40,16 @@ from shadowsync.sync.wrapper import (
 class _Stopwatch:
     """Training seconds: the sum of the intervals from :meth:`start` to :meth:`stop`."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float]) -> None:
         self.seconds = 0.0
         self.started = 0.0
+        self._clock = clock
 
     def start(self) -> None:
-        self.started = time.perf_counter()
+        self.started = self._clock()
 
     def stop(self) -> None:
-        self.seconds += time.perf_counter() - self.started
+        self.seconds += self._clock() - self.started
 
 
 class Trainer:
@@ -105,12 +106,16 @@ class Trainer:
     def __init__(self, cfg: RunConfig, env: DistEnv, dataset: RecDataset,
                  wrapper: LocalReplicas | DDPReplicas | None = None,
                  domain: FaultDomain | None = None,
-                 callbacks: Sequence[TrainCallback] = ()) -> None:
+                 callbacks: Sequence[TrainCallback] = (),
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         """``wrapper``: the data-parallel wrapper to train with instead of the one ``sync.*``
         names (``build_replica_wrapper(cfg.sync)``), e.g. a benchmark's. ``domain``: the
         process's fault domain, which the synchronizer reports to and whose stop requests the
         ranks agree on (a new one, without a SIGTERM handler, by default). ``callbacks``:
-        instrumentation (:class:`~.callbacks.TrainCallback`)."""
+        instrumentation (:class:`~.callbacks.TrainCallback`). ``clock``: seconds, what the
+        trainer times with (training time and examples/s, the pace that spaces the control
+        checks, phases)."""
+        self.clock = clock
         self.cfg, self.env, self.dataset = cfg, env, dataset
         self.domain = FaultDomain() if domain is None else domain
         self.wrapper = build_replica_wrapper(cfg.sync) if wrapper is None else wrapper
@@ -119,7 +124,7 @@ class Trainer:
         self.dmp, self.plan = build_sharded_model(cfg, dataset.spec, env, self.wrapper)
         self.optimizer = build_optimizer(cfg, self.dmp)
         self.pipeline = TrainPipelineSparseDist(self.dmp, self.optimizer, env.device)
-        self.callbacks = Callbacks(callbacks)
+        self.callbacks = Callbacks(callbacks, clock)
         self.position = DataPosition()
         self.collector = StepCollector(cfg.train.gc_every_steps)
         self.watch = faults.FiniteWatch(list(dense_parameters(self.dmp).values()), env.device,
@@ -133,14 +138,15 @@ class Trainer:
                                   self._metrics_group)
         console = ConsoleLog(planned_steps(cfg.train.steps, cfg.train.epochs, dataset,
                                            cfg.train.batch_size, env.world_size))
-        self.log = Logbook(cfg, env, console, metrics, self.wrapper.stats, self.callbacks)
+        self.log = Logbook(cfg, env, console, metrics, self.wrapper.stats, self.callbacks,
+                           clock)
         self.evaluator = Evaluator(cfg, env, dataset, self.dmp, self.pipeline, self.wrapper,
                                    self._group)
         self.checkpoints = Checkpointer(cfg, env, dataset, self.dmp, self.optimizer,
                                         self.wrapper, self.position, self.evaluator,
                                         self._group, self.log.log)
         self.control = ControlExchange(cfg, env, self._group, self.watch, self.domain,
-                                       self.wrapper, self.callbacks)
+                                       self.wrapper, self.callbacks, clock)
 
     @property
     def step(self) -> int:
@@ -202,7 +208,7 @@ class Trainer:
     def _train(self) -> dict[str, Any]:
         """Trains from the current position on the schedule of the class docstring's table;
         returns the summary."""
-        first_step, clock, preempted = self.step, _Stopwatch(), False
+        first_step, clock, preempted = self.step, _Stopwatch(self.clock), False
         self.log.open(self.step)
         self.control.start(self.step)
         self.dmp.train()

@@ -502,21 +502,24 @@ def test_a_training_failure_ends_the_sync_thread_with_it() -> None:
 
 
 # ----------------------------------------------------------------------- the control exchange
-def _control_checks(rank: int, world_size: int) -> dict[str, list[int]]:
-    """The steps of every periodic check, with steps of at least 5 ms (rank 1 sleeps in
-    each), with and without a floor in seconds."""
+def _control_checks(rank: int, world_size: int) -> dict[str, list[float]]:
+    """The steps of every periodic check, on clocks that read exactly 1/512 s a step on rank
+    0 and 1/128 s on rank 1, with and without a floor in seconds."""
     env = train.init_distributed(60)
-    out: dict[str, list[int]] = {}
+    out: dict[str, list[float]] = {}
 
     class Periodic(TrainCallback):
-        """The steps of the periodic checks; on rank 1, steps of at least 5 ms."""
+        """The steps of the periodic checks, and a clock of this rank's pace a step."""
 
         def __init__(self) -> None:
             self.steps: list[int] = []
+            self.done = 0
+
+        def clock(self) -> float:
+            return self.done * (1 / 128 if rank == 1 else 1 / 512)
 
         def on_step_end(self, step: int) -> None:
-            if rank == 1:
-                time.sleep(0.005)
+            self.done = step
 
         def on_check(self, step: int, periodic: bool) -> None:
             if periodic:
@@ -528,25 +531,26 @@ def _control_checks(rank: int, world_size: int) -> dict[str, list[int]]:
             f"train.control_min_interval_s={floor}", "train.log_every=1000"])
         checks = Periodic()
         trainer = train.Trainer(cfg, env, build_dataset(cfg.data.name, **cfg.data.options),
-                                callbacks=[checks])
-        trainer.train()
+                                callbacks=[checks], clock=checks.clock)
+        summary = trainer.train()
         out[name] = checks.steps
+        out[f"{name} seconds"] = [summary["train_seconds"]]
     return out
 
 
 def test_control_checks_space_out_to_the_floor_alike_on_every_rank() -> None:
-    """``train.control_min_interval_s``: past the first check (after ``control_every_steps``),
-    each next one is at least the floor's worth of steps at the slowest rank's pace (rank 1
-    sleeps 5 ms a step: at most 0.25 / 0.005 = 50 steps apart) and never under
-    ``control_every_steps``, on the same steps on every rank; with no floor, every 5 steps."""
+    """``train.control_min_interval_s``: the first check after ``control_every_steps``; the
+    second, started before the first's table is read, ``control_every_steps`` later; from then
+    on, the floor's worth of steps at the slowest rank's pace as each rank's clock reads it
+    (0.25 s at 1/128 s a step: 32 steps), on the same steps on every rank. With no floor,
+    every 5 steps."""
     r0, r1 = run_ranks(_control_checks, timeout_s=120)
+    # training time is on each rank's own clock too
+    assert r0.pop("floor seconds") == r0.pop("steps seconds") == [300 / 512]
+    assert r1.pop("floor seconds") == r1.pop("steps seconds") == [300 / 128]
     assert r0 == r1, (r0, r1)
     assert r0["steps"] == list(range(5, 301, 5))
-    floor = r0["floor"]
-    gaps = [b - a for a, b in zip(floor, floor[1:], strict=False)]
-    assert floor[0] == 5 and len(gaps) >= 5, floor
-    assert all(5 <= g <= 50 for g in gaps), floor
-    assert max(gaps) > 5, floor  # the floor spaced them out: steps here are under 50 ms
+    assert r0["floor"] == [5, 10, *range(42, 301, 32)], r0["floor"]
 
 
 # ---------------------------------------------------------------------------------- preemption
