@@ -39,13 +39,14 @@ or keep one up for a shell (Ctrl-C stops it and removes everything)::
         'output_dir=runs/slurm/${app_id}'
 
 ``--hosts 2`` (``lab_slurm(hosts=2)``) emulates two nodes instead: each slurmd runs in a host
-namespace of ``benchmarks/cluster.py``'s testbed (its own address, hostname and hosts file),
-the head's daemons in host 0's, and ``up`` prints a ``PATH`` whose ``sbatch``, ``squeue``,
-``sacct``... reach them there; torchx's ``-j 2x1`` jobs then put one torchrun on each node
-(pass ``--env GLOO_SOCKET_IFNAME=veth0``). The testbed is removed with the lab.
+namespace of ``benchmarks/cluster.py``'s testbed (its own address, hostname and hosts file,
+its link rate-limited to ``--rate``, default :data:`LINK_RATE`), the head's daemons in host 0's,
+and ``up`` prints a ``PATH`` whose ``sbatch``, ``squeue``, ``sacct``... reach them there;
+torchx's ``-j 2x1`` jobs then put one torchrun on each node (pass
+``--env GLOO_SOCKET_IFNAME=veth0``). The testbed is removed with the lab.
 
 Exit code 2 with one ``error:`` line when the machine cannot run it (not root, no apt-get, a
-daemon that does not come up: its log's last lines follow).
+daemon that does not come up: its log's last lines follow) or ``--rate`` is malformed.
 """
 
 from __future__ import annotations
@@ -93,6 +94,9 @@ _STOP_GRACE_S = 15.0
 CLIENTS = ("sbatch", "srun", "salloc", "squeue", "scancel", "sinfo", "scontrol", "sacct",
            "sacctmgr", "sstat")
 _LOG_TAIL_LINES = 30
+# Each emulated node's link, both directions (``tc`` syntax, as the testbed's ``--rate``): a
+# datacenter-like speed at which a test-size job's traffic costs well under a second.
+LINK_RATE = "1gbit"
 
 
 class LabUnavailable(RuntimeError):
@@ -185,7 +189,9 @@ class _Daemon:
 @dataclasses.dataclass(frozen=True)
 class SlurmLab:
     """A running lab Slurm. ``env`` is what a process needs to use it (``SLURM_CONF``);
-    :meth:`environ` is this process's environment with it."""
+    :meth:`environ` is this process's environment with it. ``testbed`` is the
+    ``benchmarks/cluster.py`` testbed whose host namespaces the nodes run in (node ``i`` on
+    host ``i``), or ``None`` for the one node on this host."""
 
     root: Path
     env: dict[str, str]
@@ -196,6 +202,7 @@ class SlurmLab:
     memory_mb: int
     ports: dict[str, int]
     pids: dict[str, int]  # daemon name -> pid, filled as they start
+    testbed: Cluster | None = None
 
     @property
     def conf(self) -> Path:
@@ -219,6 +226,15 @@ class SlurmLab:
         """``sinfo``'s state of each node (``idle``, ``alloc``, ...)."""
         out = self.run("sinfo", "--noheader", "--Node", "--format=%t", check=False).stdout
         return out.split()
+
+    def traffic(self) -> dict[str, tuple[int, int]]:
+        """Bytes each node's interface has sent and received, ``node -> (tx, rx)``, since the
+        testbed was built (:meth:`Cluster.traffic`): what crossed the emulated network, every
+        job's and the daemons' traffic together. Raises ``ValueError`` on a one-node lab, whose
+        node has no interface of its own."""
+        if self.testbed is None:
+            raise ValueError("a one-node lab has no network of its own (use hosts > 1)")
+        return {node: self.testbed.traffic(i) for i, node in enumerate(self.nodes)}
 
     def wait_jobs_gone(self, timeout_s: float = 60.0) -> bool:
         deadline = time.monotonic() + timeout_s
@@ -569,7 +585,8 @@ def _start(stack: _Stack, root: Path, *, kill_wait_s: int, log: Callable[[str], 
                                                   munge_socket=munge_socket,
                                                   db_password=password), mode=0o600)
     lab = SlurmLab(root=root, env=env, node=nodes[0][0], nodes=tuple(n for n, _ in nodes),
-                   partition=PARTITION, cpus=cpus, memory_mb=memory_mb, ports=ports, pids={})
+                   partition=PARTITION, cpus=cpus, memory_mb=memory_mb, ports=ports, pids={},
+                   testbed=net)
     lab.pids.update(munged=munged.proc.pid, mariadbd=mariadbd.proc.pid)
 
     def _listening(port: int) -> Callable[[], bool]:
@@ -632,8 +649,8 @@ def _teardown(stack: _Stack, root: Path, lab: SlurmLab | None,
 
 
 @contextlib.contextmanager
-def lab_slurm(*, hosts: int = 1, install: bool = True, kill_wait_s: int = 30,
-              keep_on_error: bool = False,
+def lab_slurm(*, hosts: int = 1, rate: str | None = LINK_RATE, install: bool = True,
+              kill_wait_s: int = 30, keep_on_error: bool = False,
               log: Callable[[str], None] | None = None) -> Iterator[SlurmLab]:
     """Brings the lab Slurm up (installing missing packages when ``install``), yields it with
     its node idle, and takes everything down again on the way out, whatever the way out.
@@ -646,10 +663,12 @@ def lab_slurm(*, hosts: int = 1, install: bool = True, kill_wait_s: int = 30,
 
     ``hosts`` > 1 emulates that many nodes, each slurmd in a host namespace of a
     ``benchmarks/cluster.py`` testbed (``198.18.0.<i+1>``, hostnames ``ssc-slurm<pid>-h<i>``,
-    no rate limit), with the head's daemons in host 0's; client commands go through wrappers
-    that ``env["PATH"]`` puts first. Every node claims all of this machine's CPUs. Jobs across
+    each link limited to ``rate`` both ways, ``tc`` syntax; ``None`` for no limit; unused with
+    one node), with the head's daemons in host 0's; client commands go through wrappers that
+    ``env["PATH"]`` puts first. Every node claims all of this machine's CPUs. Jobs across
     nodes need ``GLOO_SOCKET_IFNAME=veth0`` (and ``NCCL_SOCKET_IFNAME``) in their
-    environment. The testbed is removed with the lab.
+    environment. The testbed is removed with the lab. A malformed ``rate`` raises
+    ``ClusterError`` before anything starts.
     """
     say = log or (lambda _line: None)
     if install:
@@ -664,7 +683,7 @@ def lab_slurm(*, hosts: int = 1, install: bool = True, kill_wait_s: int = 30,
 
         if (reason := cluster.unavailable_reason()) is not None:
             raise LabUnavailable(f"no namespaces for {hosts} nodes: {reason}")
-        net = cluster.Cluster(hosts=hosts, name=f"slurm{os.getpid()}")
+        net = cluster.Cluster(hosts=hosts, rate=rate, name=f"slurm{os.getpid()}")
     root = Path(tempfile.mkdtemp(prefix="slurm-lab-"))
     root.chmod(0o711)  # munged checks that its socket's folders can be traversed by all
     stack = _Stack(root, {**os.environ, "SLURM_CONF": str(root / "slurm.conf")})
@@ -695,7 +714,8 @@ def lab_slurm(*, hosts: int = 1, install: bool = True, kill_wait_s: int = 30,
 
 
 def _up(args: argparse.Namespace) -> int:
-    with lab_slurm(hosts=args.hosts, install=not args.no_install, kill_wait_s=args.kill_wait,
+    with lab_slurm(hosts=args.hosts, rate=args.rate, install=not args.no_install,
+                   kill_wait_s=args.kill_wait,
                    keep_on_error=args.keep_on_error,
                    log=lambda line: print(line, flush=True)) as lab:
         nodes = len(lab.nodes)
@@ -724,7 +744,7 @@ def _up(args: argparse.Namespace) -> int:
 def _check(args: argparse.Namespace) -> int:
     """Up, one ``srun`` and one ``sbatch`` job seen by ``sacct``, down."""
     start = time.monotonic()
-    with lab_slurm(hosts=args.hosts, install=not args.no_install,
+    with lab_slurm(hosts=args.hosts, rate=args.rate, install=not args.no_install,
                    log=lambda line: print(line, flush=True)) as lab:
         print(f"up in {time.monotonic() - start:.1f}s", flush=True)
         nodes = str(len(lab.nodes))
@@ -762,11 +782,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--hosts", type=int, default=1,
                        help="nodes; above 1 each slurmd runs in a network namespace of its own "
                             "(benchmarks/cluster.py's testbed)")
+        p.add_argument("--rate", default=LINK_RATE,
+                       help="with --hosts above 1, each node's link rate, both ways: 200mbit, "
+                            "1gbit, unlimited (default: %(default)s)")
     args = parser.parse_args(argv)
     handlers: dict[str, Callable[[argparse.Namespace], int]] = {"up": _up, "check": _check}
+    from shadowsync.benchmarks.cluster import ClusterError
+
     try:
         return handlers[args.command](args)
-    except LabUnavailable as e:
+    except (LabUnavailable, ClusterError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
 
