@@ -3,11 +3,13 @@ munged, MariaDB, slurmdbd, slurmctld and slurmd on this machine, one node): a sh
 ``-j 1x2`` job to SUCCEEDED with both ranks' lines in its logs, a config error refused at
 submission (exit 2, no job), a job signalled like a preemption checkpointing and its
 resubmission resuming from that step, and a ``-j 2x1`` job across two emulated nodes (each
-slurmd in a network namespace of ``benchmarks/cluster.py``'s testbed).
+slurmd in a network namespace of ``benchmarks/cluster.py``'s testbed, on links of
+``slurm_lab.LINK_RATE``) whose traffic both nodes' interfaces carry.
 
 Needs root and the Debian packages (installed with apt-get when missing); skipped otherwise.
-One lab serves the module and is taken down after it, with a check that none of its daemons
-or job processes is left.
+One lab serves the module and is taken down after it; the two-node test has a lab of its own.
+After each lab, a check that none of its daemons, job processes or namespaces is left. Each
+test prints one summary line (``pytest -s`` shows them).
 """
 
 from __future__ import annotations
@@ -67,17 +69,29 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[slurm_lab.SlurmLab
     workdir = tmp_path_factory.mktemp("slurm_jobs")
     start = time.monotonic()
     with pytest.MonkeyPatch.context() as mp:
-        with slurm_lab.lab_slurm(install=False, log=print) as running:
-            print(f"lab Slurm up in {time.monotonic() - start:.1f}s", flush=True)
+        with slurm_lab.lab_slurm(install=False) as running:
+            print(f"lab Slurm up in {time.monotonic() - start:.1f}s: node {running.node}, "
+                  f"{running.cpus} CPUs", flush=True)
             for key, value in running.env.items():
                 mp.setenv(key, value)
             mp.setenv("PATH", f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}")
             mp.chdir(workdir)
             yield running
-            pids, conf = dict(running.pids), running.conf
-        assert not [name for name, pid in pids.items() if Path(f"/proc/{pid}").exists()]
-        assert slurm_lab.leftover_pids(conf) == []
-        assert not conf.parent.exists()
+        _assert_nothing_left(running)
+
+
+def _assert_nothing_left(lab: slurm_lab.SlurmLab) -> None:
+    """After the lab's teardown: none of its daemons alive, no process of its jobs, its folder
+    gone, and none of its testbed's namespaces in ``ip netns list``."""
+    from shadowsync.benchmarks import cluster
+
+    assert not [f"{name} ({pid})" for name, pid in lab.pids.items()
+                if Path(f"/proc/{pid}").exists()]
+    assert slurm_lab.leftover_pids(lab.conf) == []
+    assert not lab.root.exists()
+    if lab.testbed is not None:
+        own = f"{cluster.PREFIX}-{lab.testbed.name}-"
+        assert not [ns for ns in cluster.list_namespaces() if ns.startswith(own)]
 
 
 def _wait(runner: Runner, handle: str, timeout_s: float = JOB_TIMEOUT_S) -> AppStatus:
@@ -92,10 +106,11 @@ def _records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def _sacct(lab: slurm_lab.SlurmLab, job_id: str) -> str:
-    """``JobID|State|ExitCode|Elapsed`` of the job's allocation, for the CI log."""
-    return lab.run("sacct", "--noheader", "--parsable2", "-X", "-j", job_id,
-                   "--format=JobID,JobName,State,ExitCode,Elapsed").stdout.strip()
+def _sacct_state(lab: slurm_lab.SlurmLab, job_id: str) -> str:
+    """Slurm's own state of the job's allocation(s) (``COMPLETED``, ``FAILED``...), one per
+    heterogeneous component, for the summary lines."""
+    return ",".join(lab.run("sacct", "--noheader", "--parsable2", "-X", "-j", job_id,
+                            "--format=State").stdout.split())
 
 
 def _submit(runner: Runner, *overrides: str, env: dict[str, str] | None = None) -> str:
@@ -111,14 +126,14 @@ def test_two_ranks_train_to_succeeded_with_their_logs(lab: slurm_lab.SlurmLab,
                          f"output_dir={tmp_path}/${{app_id}}", env=EVERY_RANK_LOGS)
         status = _wait(runner, handle)
         out, err = _log(runner, handle, Stream.STDOUT), _log(runner, handle, Stream.STDERR)
+    wall = time.monotonic() - start
     job_id = handle.rsplit("/", 1)[-1]
-    print(f"job {job_id}: {status.state.name} in {time.monotonic() - start:.1f}s; "
-          f"sacct {_sacct(lab, job_id)}")
     assert status.state == AppState.SUCCEEDED, (out + err)[-4000:]
     summary = _records(tmp_path / job_id / "metrics.jsonl")[-1]
+    print(f"1x2 job {job_id}: {status.state.name} (sacct {_sacct_state(lab, job_id)}), "
+          f"step {summary['step']}, {summary['sync_rounds']:.0f} sync rounds, {wall:.1f}s")
     assert summary.get("summary") is True and summary["step"] == 40, summary
     assert summary["sync_rounds"] > 0  # the shadow synchronizer ran
-    print(f"job {job_id}: step {summary['step']}, {summary['sync_rounds']:.0f} sync rounds")
     for rank in (0, 1):
         assert re.search(rf"^\[{rank}\]:", out + err, re.M), f"rank {rank}:\n{err[-3000:]}"
     assert re.search(rf"^\[0\]:logs +torchx log slurm://torchx/{job_id}$", out, re.M), out[-3000:]
@@ -130,11 +145,14 @@ def test_a_config_error_is_refused_before_submission(lab: slurm_lab.SlurmLab) ->
         [str(VENV_BIN / "torchx"), "run", "-s", "slurm", COMPONENT, "-j", "1x2", "--cpu", "2",
          "--memMB", "4000", "--config", CONFIG, *OVERRIDES, "train.bach_size=4"],
         capture_output=True, text=True, timeout=120)
-    print(f"torchx run with train.bach_size=4: exit {proc.returncode}: {proc.stderr.strip()}")
+    error = re.search(r"^error: unknown setting train\.bach_size.*$", proc.stderr, re.M)
+    queued = lab.jobs()
+    print(f"config error: torchx run exit {proc.returncode}, "
+          f"{error.group(0) if error else 'no error line'!r}, jobs in squeue {queued}")
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert re.search(r"^error: unknown setting train\.bach_size", proc.stderr, re.M), proc.stderr
+    assert error is not None, proc.stderr
     assert "slurm://" not in proc.stdout
-    assert lab.jobs() == []
+    assert queued == []
     after = lab.run("sacct", "--noheader", "-X", "--format=JobID", "-S", "now-1hour").stdout
     assert after == before
 
@@ -158,17 +176,15 @@ def test_a_signalled_job_checkpoints_and_the_resubmitted_job_resumes(
         else:
             pytest.fail(f"job {first_id} logged no step 20 in {JOB_TIMEOUT_S}s")
         lab.run("scancel", "--signal=TERM", first_id)
-        status = _wait(runner, first)
+        stopped = _wait(runner, first)
+        first_wall = time.monotonic() - start
         out = _log(runner, first, Stream.STDOUT)
-        print(f"job {first_id}: {status.state.name} after scancel --signal=TERM, "
-              f"{time.monotonic() - start:.1f}s; sacct {_sacct(lab, first_id)}")
-        assert status.state == AppState.FAILED  # torchx has no preempted state (exit 143)
+        assert stopped.state == AppState.FAILED  # torchx has no preempted state (exit 143)
         line = re.search(r"^\[0\]:preempted: every rank stopped after step (\d+); "
                          r"checkpoint (\S+); run the same command to resume \(exit 143\)$",
                          out, re.M)
         assert line is not None, out[-4000:]
         step, checkpoint = int(line.group(1)), line.group(2)
-        print(f"job {first_id}: {line.group(0)}")
         assert Path(checkpoint) == ckpt / f"step_{step:08d}" and Path(checkpoint).is_dir()
 
         start = time.monotonic()
@@ -176,50 +192,67 @@ def test_a_signalled_job_checkpoints_and_the_resubmitted_job_resumes(
                          f"output_dir={tmp_path}/second")
         second_id = second.rsplit("/", 1)[-1]
         status = _wait(runner, second)
-        print(f"job {second_id}: {status.state.name} in {time.monotonic() - start:.1f}s; "
-              f"sacct {_sacct(lab, second_id)}")
+        second_wall = time.monotonic() - start
         assert status.state == AppState.SUCCEEDED, _log(runner, second, Stream.STDOUT)[-4000:]
     records = _records(tmp_path / "second" / "metrics.jsonl")
+    print(f"1x2 job {first_id}: {stopped.state.name} (sacct {_sacct_state(lab, first_id)}) "
+          f"after scancel --signal=TERM, checkpoint at step {step}, {first_wall:.1f}s; "
+          f"resubmitted job {second_id}: {status.state.name} "
+          f"(sacct {_sacct_state(lab, second_id)}), resumed at step {records[0]['step']}, "
+          f"ended at step {records[-1]['step']}, {second_wall:.1f}s")
     assert records[0] == {"step": step, "resumed_from": checkpoint, "time": records[0]["time"]}
     assert records[-1]["summary"] is True and records[-1]["step"] == step + 20
-    print(f"job {second_id}: resumed_from {records[0]['resumed_from']} at step "
-          f"{records[0]['step']}, ended at step {records[-1]['step']}")
 
 
 def test_two_nodes_in_namespaces_train_to_succeeded(monkeypatch: pytest.MonkeyPatch,
                                                      tmp_path: Path) -> None:
     """``-j 2x1`` on a lab of two nodes, each slurmd in a host namespace of
     ``benchmarks/cluster.py``'s testbed: torchx's heterogeneous job puts one group on each,
-    and the two torchruns meet through c10d rendezvous at the first node's hostname."""
+    the two torchruns meet through c10d rendezvous at the first node's hostname, and the
+    job's traffic crosses both nodes' rate-limited interfaces."""
     from shadowsync.benchmarks import cluster
 
     if (reason := _skip_reason() or cluster.unavailable_reason()) is not None:
         pytest.skip(reason)
     start = time.monotonic()
-    with slurm_lab.lab_slurm(hosts=2, install=False, log=print) as lab2:
-        print(f"two-node lab Slurm up in {time.monotonic() - start:.1f}s", flush=True)
+    with slurm_lab.lab_slurm(hosts=2, install=False) as lab2:
+        up_s = time.monotonic() - start
         for key, value in lab2.env.items():
             monkeypatch.setenv(key, value)
         monkeypatch.setenv("PATH", f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}")
         monkeypatch.chdir(tmp_path)
-        start = time.monotonic()
         app = train(*OVERRIDES, "train.steps=40", f"output_dir={tmp_path}/${{app_id}}",
                     config=CONFIG, j="2x1", cpu=2, memMB=4000,
                     env={"GLOO_SOCKET_IFNAME": cluster.HOST_IF, "OMP_NUM_THREADS": "1"})
+        before = lab2.traffic()
+        start = time.monotonic()
         with get_runner() as runner:
             handle = runner.run(app, "slurm", cfg={})
             status = _wait(runner, handle)
             out = _log(runner, handle, Stream.STDOUT)
+        wall = time.monotonic() - start
+        moved = {node: (tx - before[node][0], rx - before[node][1])
+                 for node, (tx, rx) in lab2.traffic().items()}
         job_id = handle.rsplit("/", 1)[-1]
         placed = lab2.run("sacct", "--noheader", "--parsable2", "-X", "-j", job_id,
-                          "--format=JobID,JobName,State,NodeList,Elapsed").stdout.split()
-        print(f"job {job_id}: {status.state.name} in {time.monotonic() - start:.1f}s; "
-              f"sacct {' '.join(placed)}")
-        assert status.state == AppState.SUCCEEDED, out[-4000:]
-        assert sorted(row.split("|")[3] for row in placed) == list(lab2.nodes), placed
-        conf, pids = lab2.conf, dict(lab2.pids)
+                          "--format=NodeList").stdout.split()
+        state = _sacct_state(lab2, job_id)
+    _assert_nothing_left(lab2)
+    assert status.state == AppState.SUCCEEDED, out[-4000:]
     summary = _records(tmp_path / job_id / "metrics.jsonl")[-1]
+    # The floor: with two ranks, each must receive the other's whole buffer (its sum needs
+    # every element of it) in each allreduce, whatever gloo's algorithm, so each node's
+    # interface sends and receives at least the bytes the synchronizer handed to allreduce.
+    # TorchRec's all-to-alls, the dense broadcast at start, the final consensus, rendezvous
+    # and Slurm's own messages only add to that.
+    floor = int(summary["sync_bytes_reduced"])
+    print(f"2x1 job {job_id}: {status.state.name} (sacct {state}) on {','.join(placed)}, "
+          f"step {summary['step']}, {summary['sync_rounds']:.0f} sync rounds, {wall:.1f}s "
+          f"(lab up in {up_s:.1f}s, links {slurm_lab.LINK_RATE}); "
+          + ", ".join(f"{node} sent {tx / 1e6:.2f} MB, received {rx / 1e6:.2f} MB"
+                      for node, (tx, rx) in moved.items())
+          + f" (floor {floor / 1e6:.2f} MB each way)")
+    assert sorted(placed) == list(lab2.nodes), placed
     assert summary.get("summary") is True and summary["step"] == 40, summary
-    assert not [name for name, pid in pids.items() if Path(f"/proc/{pid}").exists()]
-    assert slurm_lab.leftover_pids(conf) == [] and not conf.parent.exists()
-    assert not [ns for ns in cluster.list_namespaces() if ns.startswith(f"ssc-slurm{os.getpid()}-")]
+    assert summary["sync_rounds"] > 0 and floor > 0, summary
+    assert all(tx >= floor and rx >= floor for tx, rx in moved.values()), (moved, floor)
