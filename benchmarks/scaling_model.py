@@ -225,6 +225,14 @@ def with_dense_bytes(k: Constants, nbytes: float) -> Constants:
         s: r * scale for s, r in k.round_local_s.items()})
 
 
+def with_step(k: Constants, seconds: float) -> Constants:
+    """``k`` for a step of ``seconds`` alone (what-if: a GPU trainer's step, most of it
+    device time): DDP's overhead and a round's local work stay as measured."""
+    if not seconds > 0:
+        raise ValueError(f"a step must last > 0 s, got {seconds}")
+    return dataclasses.replace(k, step_s=seconds)
+
+
 def loopback(calibration: Mapping[str, Any]) -> Network:
     """The measured loopback network (2 ranks), to predict the measured points with."""
     fit = calibration["allreduce_fit"]
@@ -1428,6 +1436,9 @@ def main() -> int:
                              "about 0 for GPU trainers with their own NIC)")
     parser.add_argument("--dense-mb", type=float,
                         help="what-if: a dense part of this many MiB instead of the measured one")
+    parser.add_argument("--step-ms", type=float,
+                        help="what-if: one trainer's step alone takes this long (a GPU "
+                             "trainer's), instead of the measured t1")
     parser.add_argument("--out", type=Path, default=RESULTS)
     testbed = parser.add_argument_group(
         "testbed", "predict the frontier benchmark's arms on the emulated cluster instead "
@@ -1457,7 +1468,11 @@ def main() -> int:
     if args.dense_mb is not None:
         k = with_dense_bytes(k, args.dense_mb * 2**20)
         changed += (f"What-if: dense part set to {args.dense_mb:g} MiB (--dense-mb), one round's "
-                    "local work scaled with it.")
+                    "local work scaled with it. ")
+    if args.step_ms is not None:
+        k = with_step(k, args.step_ms / 1e3)
+        changed += (f"What-if: a trainer's step alone set to {args.step_ms:g} ms (--step-ms); "
+                    "examples/s then use the preset's batch, so read the ratios.")
     text = report(calibration, args.preset, k, nets, args.period, changed)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "scaling.md").write_text(text + "\n")

@@ -163,6 +163,21 @@ def test_with_dense_bytes_scales_the_round() -> None:
     assert big.step_s == K.step_s and big.contention == K.contention
 
 
+def test_with_step_sets_the_step_alone_and_the_gap_follows() -> None:
+    """A GPU trainer's longer step: the same round hides behind fewer steps."""
+    net = sm.Network.of(10, 20)
+    big = sm.with_dense_bytes(K, 1e8)  # a round: 2 * 63/64 * 0.08 s + 20 us * 126 + 0.01 s
+    slow = sm.with_step(big, 0.09)
+    assert slow.step_s == 0.09 and slow.round_local_s == big.round_local_s
+    fast, long = (sm.predict(sm.Arm("shadow", "ma"), 64, k, net) for k in (big, slow))
+    round_s = 2 * 63 / 64 * 0.08 + 126 * 20e-6 + 0.01
+    assert long.step_s == pytest.approx((0.09 + sm.all_to_all_s(4e5, 64, net)) * 1.25)
+    assert long.sync_gap == math.ceil(round_s / long.step_s) == 2
+    assert fast.sync_gap == math.ceil(round_s / fast.step_s) > 10
+    with pytest.raises(ValueError, match="must last > 0 s"):
+        sm.with_step(K, 0.0)
+
+
 # ------------------------------------------------------------------ testbed mode (frontier jobs)
 LINKS = sm.TestbedLinks(efficiency=0.95, unlimited_Bps=6e8, probe_hosts=2, tbf_latency_s=0.1)
 TB_ARMS = ["none", "ddp", "FR k=1", "FR k=2", "FR k=10", "FR k=50", "S back to back", "S 20%",
