@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from shadowsync.benchmarks.report import command_line, markdown_table, or_dash
+from shadowsync.benchmarks.rows import baseline
 from shadowsync.sync.config import MOVED
 
 TRAINERS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000)
@@ -699,7 +700,9 @@ def _round_bytes(arm: str, rows: Sequence[Mapping[str, Any]]) -> float:
 def measure_testbed(rows: Sequence[Mapping[str, Any]], hosts: int
                     ) -> dict[str, TestbedMeasured]:
     """Per arm name, the measured point; rows are one ``raw/h<N>_<link>.json``, runs or a
-    turns job's turns (:func:`_round_bytes` for a round's size)."""
+    turns job's turns (:func:`_round_bytes` for a round's size). Each ratio is to what
+    ``frontier.py`` compares the row with (:func:`rows.baseline`): the ``none`` turns beside
+    a bracketed turn, else ``none``'s run or turn of the same seed and repeat."""
     base = {(r["seed"], r["repeat"]): float(r["examples_per_s"]) for r in rows
             if r["arm"] == "none"}
     if not base:
@@ -707,7 +710,7 @@ def measure_testbed(rows: Sequence[Mapping[str, Any]], hosts: int
     out = {}
     for arm in dict.fromkeys(r["arm"] for r in rows):
         mine = [r for r in rows if r["arm"] == arm]
-        ratios = [float(r["examples_per_s"]) / base[(r["seed"], r["repeat"])] for r in mine]
+        ratios = [float(r["examples_per_s"]) / baseline(r, base) for r in mine]
         allreduces = [r["sync_rounds"] + 1 for r in mine if "sync_rounds" in r]
         synced = [r for r in mine if "sync_rounds" in r]
         out[arm] = TestbedMeasured(
@@ -1354,7 +1357,8 @@ def testbed_report(jobs: Mapping[tuple[int, str], Sequence[Mapping[str, Any]]],
         "*in spread*: predicted ratios inside the measured [min, max] over repeats. *at gap*: "
         "the shadow ratio the cost model gives at the measured gap. *runs*: jobs whose arms "
         "ran one after another; *turns*: jobs run with `--interleave`, every arm in turns on "
-        "one model, each turn's ratio to the `none` turn of its cycle (a repeat is a cycle).",
+        "one model, each turn's ratio to the `none` turn of its cycle (a repeat is a cycle), "
+        "or with `--bracket` to the `none` turns beside it.",
         "",
         markdown_table(
             ["role", "family", "schedule", "points", "ratio: median", "ratio: max",

@@ -278,6 +278,11 @@ def test_measure_pairs_each_run_with_its_repeats_none() -> None:
     assert math.isnan(m["none"].gap) and math.isnan(m["none"].round_bytes)
     with pytest.raises(ValueError, match="none"):
         sm.measure_testbed(rows[2:], hosts=4)
+    # bracketed turns (frontier --bracket): each against the none turns beside it
+    moved = [{**r, "baseline_examples_per_s": 1800.0} if r["arm"] == "S 5%" else r
+             for r in rows]
+    assert sm.measure_testbed(moved, hosts=4)["S 5%"].ratio == pytest.approx(
+        (900 + 1700) / 2 / 1800)
 
 
 def test_turns_jobs_count_a_turns_steps_bytes_and_gaps() -> None:
