@@ -28,6 +28,7 @@ not (it seeks), with gzip's decompression rate.
 from __future__ import annotations
 
 import argparse
+import functools
 import gzip
 import shutil
 import statistics
@@ -63,7 +64,8 @@ def torchrec_tsv_batches(path: str, batch_size: int, num_embeddings: int) -> Ite
         if len(rows) == batch_size:
             dense = np.array([[r[n] for n in DEFAULT_INT_NAMES] for r in rows], dtype=np.int64)
             ids = np.array(
-                [[int(r[n] or "0", 16) for n in DEFAULT_CAT_NAMES] for r in rows], dtype=np.int64
+                [[int(str(r[n] or "0"), 16) for n in DEFAULT_CAT_NAMES] for r in rows],
+                dtype=np.int64
             )
             labels = np.array([r[DEFAULT_LABEL_NAME] for r in rows], dtype=np.float32)
             yield make_batch(
@@ -124,10 +126,11 @@ def main() -> None:
         with open(day0, "rb") as src, gzip.open(f"{day0}.gz", "wb") as dst:
             shutil.copyfileobj(src, dst)
         zipped = CriteoTSV(f"{day0}.gz", n_emb, eval_paths=day1, index_cache_dir=None)
+        def first_batch(ds: CriteoTSV, rank: int) -> object:
+            return next(iter(ds.train_batches(b, rank, 4)))
+
         starts: dict[str, Callable[[], object]] = {
-            f"{kind}, rank {rank} of 4": lambda ds=ds, rank=rank: next(
-                iter(ds.train_batches(b, rank, 4))
-            )
+            f"{kind}, rank {rank} of 4": functools.partial(first_batch, ds, rank)
             for kind, ds in (("plain", ours), ("gzip", zipped))
             for rank in (0, 3)
         }
@@ -151,9 +154,9 @@ def main() -> None:
             for name, times in passes.items():
                 seconds[name].append(statistics.median(t for t, _ in times))
                 cpu[name].append(statistics.median(c for _, c in times))
-            for name, first_batch in starts.items():
+            for name, first in starts.items():
                 start = time.perf_counter()
-                first_batch()
+                first()
                 seconds[name].append(time.perf_counter() - start)
             start = time.perf_counter()
             with gzip.open(f"{day0}.gz", "rb") as f:
@@ -183,10 +186,10 @@ def main() -> None:
         (*npy_pair, ", CPU time", cpu),
     ]
     cells = []
-    for a, theirs, measure, times in pairs:
+    for a, theirs, measure, timing in pairs:
         ratios = [
             (rows[a] / ta) / (rows[theirs] / tb)
-            for ta, tb in zip(times[a], times[theirs], strict=True)
+            for ta, tb in zip(timing[a], timing[theirs], strict=True)
         ]
         cells.append([f"{a} / {theirs}{measure}", f"{statistics.median(ratios):.2f}x",
                       f"{min(ratios):.2f}x - {max(ratios):.2f}x"])

@@ -225,7 +225,7 @@ def ablation_table(rows: list[dict[str, Any]]) -> str:
                            "TorchRec's steps inside ours / inside the reference"], cells, "lrrr")
 
 
-def reference(cfg: RunConfig, env: DistEnv) -> tuple[TrainPipelineSparseDist, Iterator[Any]]:
+def reference(cfg: RunConfig, env: DistEnv) -> tuple[TrainPipelineSparseDist, Epochs]:
     """TorchRec's DLRM example set-up: its pipeline, in training mode, and its ``train.steps``
     batches."""
     dataset = build_dataset(cfg.data.name, **cfg.data.options)

@@ -554,8 +554,8 @@ class Cluster:
                           if p.returncode not in (None, 0) and i not in stopped]
                 if failed:
                     if on_line is None:
-                        codes = ", ".join(f"h{i} exit {procs[i].returncode}" for i in failed)
-                        print(f"cluster: {codes}: stopping the other hosts", file=sys.stderr,
+                        exits = ", ".join(f"h{i} exit {procs[i].returncode}" for i in failed)
+                        print(f"cluster: {exits}: stopping the other hosts", file=sys.stderr,
                               flush=True)
                     self._stop(procs, stopped, grace_s)
                     break

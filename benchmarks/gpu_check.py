@@ -239,6 +239,11 @@ def gather_floats(values: Sequence[float]) -> list[list[float]]:
     return [t.tolist() for t in gather(torch.tensor(values, dtype=torch.float64))]
 
 
+def tensor_sum(tensors: Iterable[Tensor]) -> Tensor:
+    """The elementwise sum of ``tensors``, added in their order (as ``sum`` would)."""
+    return functools.reduce(torch.add, tensors)
+
+
 def flat(params: Sequence[Tensor]) -> Tensor:
     return torch.cat([p.detach().reshape(-1) for p in params]).cpu()
 
@@ -426,13 +431,14 @@ def run_case(rank: int, device: torch.device, case: Case, group: dist.ProcessGro
         runner.step()
     runner.stop(final_sync=case.final_sync)
     final = flat(params)
-    total_drift = sum(gather(sum(torch.cat([d.reshape(-1) for d in ds]).cpu() for ds in drifts)))
+    total_drift = tensor_sum(gather(tensor_sum(torch.cat([d.reshape(-1) for d in ds]).cpu()
+                                     for ds in drifts)))
     replicas = gather(final)
     body = slice(0, -1)  # everything but the stamp
     dev, name = device.type, case.name
     if isinstance(strategy, AccountedAveraging):
-        applied = sum(gather(strategy.applied))[body]
-        bound = (world + 1) * sum(gather(strategy.own_bound))[body]
+        applied = tensor_sum(gather(strategy.applied))[body]
+        bound = (world + 1) * tensor_sum(gather(strategy.own_bound))[body]
         exact = x0[body] + (total_drift + applied) / world
         rows.add(name, dev, "x = x0 + (sum drift + D)/W",
                  (final[body] - exact).abs().max().item(), ATOL)
@@ -444,7 +450,7 @@ def run_case(rank: int, device: torch.device, case: Case, group: dist.ProcessGro
         torn = [s for s in strategy.stamps if s < 1]
         rows.add(name, dev, "snapshots taken mid-step", len(torn), per_rank=True)
     if isinstance(strategy, ElasticAveraging):
-        conserved = sum(replicas)[body] + strategy.center.cpu()[body]
+        conserved = tensor_sum(replicas)[body] + strategy.center.cpu()[body]
         expected = (world + 1) * x0[body] + total_drift
         rows.add(name, dev, "sum x + c conserved", (conserved - expected).abs().max().item(),
                  ATOL)
@@ -567,7 +573,7 @@ def check_fence(rank: int, world_size: int, *, kind: str, sizes: Sizes) -> dict[
         recorded.append((self.data_ptr(), int(stream.stream_id)))
         original(self, stream)
 
-    torch.Tensor.record_stream = spy  # type: ignore[method-assign]
+    torch.Tensor.record_stream = spy  # type: ignore[method-assign, assignment]
     wrong = torch.zeros(sizes.fence_steps, device=device)
     while_busy = 0
     try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -69,7 +70,7 @@ def first_per_seed(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(first.values())
 
 
-def baseline(row: dict[str, Any], nones: dict[tuple[int, int], float]) -> float:
+def baseline(row: Mapping[str, Any], nones: Mapping[tuple[int, int], float]) -> float:
     """The examples/s ``row`` is compared with: the ``none`` turns beside it where it was
     bracketed (``--bracket``), else ``none``'s run of the same seed and repeat (``nones``;
     NaN without one)."""

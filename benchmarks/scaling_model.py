@@ -1125,7 +1125,7 @@ def fit_testbed(points: Fitted) -> TestbedConstants:
     kappa = queued = 0.0
     if any(not arm.thread_nice for arm, _, _ in shadow):
         grid = [(i / 10, j / 4) for i in range(11) for j in range(int(QUEUED_MAX * 4) + 1)]
-        kappa, queued = min(grid, key=lambda kq: loss(*kq, 0.0, False))
+        kappa, queued = min(grid, key=lambda kq: loss(kq[0], kq[1], 0.0, False))
         for _ in range(3):  # coordinate search around the best grid point
             kappa = _golden(functools.partial(loss, queued=queued, kappa_niced=0.0,
                                               niced_only=False),

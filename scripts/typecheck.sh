@@ -10,5 +10,6 @@ cd "$tmp"
 "$repo/.venv/bin/mypy" --config-file "$repo/pyproject.toml" --cache-dir "$repo/.mypy_cache" \
   --python-executable "$repo/.venv/bin/python" \
   -p shadowsync.sync -p shadowsync.pipelines -p shadowsync.models -p shadowsync.datasets \
-  -p shadowsync.torchx_components -m shadowsync.registry -m shadowsync.sections \
+  -p shadowsync.torchx_components -p shadowsync.benchmarks -m shadowsync.registry \
+  -m shadowsync.sections \
   -m shadowsync.testing
