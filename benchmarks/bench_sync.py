@@ -562,9 +562,10 @@ def main() -> int:
     common = ["eval.every_steps=null", "logging.progress_bar=false", *args.overrides]
     if args.steps:
         common = [f"train.steps={args.steps}", f"train.log_every={args.steps + 1}", *common]
-    if args.device_step_ms < 0 or not math.isfinite(args.device_step_ms):
-        parser.error(f"--device-step-ms must be >= 0, got {args.device_step_ms}")
-    callbacks = [DeviceWait(args.device_step_ms)] if args.device_step_ms else []
+    try:
+        callbacks = [DeviceWait(args.device_step_ms)] if args.device_step_ms else []
+    except ValueError as e:
+        parser.error(f"--device-step-ms: {e}")
     env = init_distributed(300.0)
     if args.interleave:
         rows = run_interleaved(env, args.config, common, arms, args.seeds, args.repeats,
