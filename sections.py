@@ -5,15 +5,62 @@ A leaf module (no other shadowsync import): the run config (``pipelines.config``
 section with it, and the model zoo reads a user builder's options with it, without the zoo
 depending on the pipeline. A dataclass that defines its own ``config_class(raw, key)`` picks
 the class a section is read into from the section itself (``model.name`` picks the model's
-options class).
+options class). The valid range of a numeric setting is a :class:`Range`, checked by
+:func:`check_range` wherever a setting is checked (the run config, the synchronizer's).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
+from collections.abc import Mapping
 from typing import Any, Literal
+
+__all__ = ["POSITIVE", "Range", "check_fields", "check_range", "read_section"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """A range of valid values; ``closed`` says which ends belong to it, ``words`` how an
+    error names it (default: the bounds)."""
+
+    low: float
+    high: float = math.inf
+    closed: tuple[bool, bool] = (True, True)
+    words: str | None = None
+
+    def __str__(self) -> str:
+        if self.words is not None:
+            return self.words
+        if self.high == math.inf:
+            return f"{'>=' if self.closed[0] else '>'} {self.low:g}"
+        return (f"in {'[' if self.closed[0] else '('}{self.low:g}, {self.high:g}"
+                f"{']' if self.closed[1] else ')'}")
+
+    def __contains__(self, value: float) -> bool:
+        above = value >= self.low if self.closed[0] else value > self.low
+        below = value <= self.high if self.closed[1] else value < self.high
+        return above and below
+
+
+POSITIVE = Range(0, closed=(False, True), words="positive")
+
+
+def check_range(key: str, value: float | None, valid: Range) -> None:
+    """Raises ``ValueError`` naming ``key`` if ``value`` is outside ``valid``; None (a setting
+    left unset) passes."""
+    if value is not None and value not in valid:
+        raise ValueError(f"{key} must be {valid}, got {value}")
+
+
+def check_fields(section: object, prefix: str, ranges: Mapping[str, Range]) -> None:
+    """:func:`check_range` on every field of the dataclass ``section`` that ``ranges`` has,
+    naming ``prefix.<field>``."""
+    for f in dataclasses.fields(section):  # type: ignore[arg-type]
+        if f.name in ranges:
+            check_range(f"{prefix}.{f.name}", getattr(section, f.name), ranges[f.name])
 
 
 def _type_name(tp: Any) -> str:

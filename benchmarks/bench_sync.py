@@ -66,8 +66,10 @@ from shadowsync.datasets import build_dataset
 from shadowsync.pipelines.build import DistEnv, init_distributed
 from shadowsync.pipelines.callbacks import TrainCallback
 from shadowsync.pipelines.config import load_config
+from shadowsync.pipelines.fault_domain import FaultDomain
 from shadowsync.pipelines.trainer import Trainer
 from shadowsync.sync.config import SyncConfig
+from shadowsync.sync.errors import FailureSink
 from shadowsync.sync.runner import SyncRunner
 from shadowsync.sync.wrapper import LocalReplicas, ShadowSyncReplicas
 
@@ -213,7 +215,8 @@ class RotatingReplicas(LocalReplicas):
     """
 
     def __init__(self, arms: dict[str, SyncConfig | None], block: int,
-                 bracket: str | None = None, trace: bool = False) -> None:
+                 bracket: str | None = None, trace: bool = False,
+                 failures: FailureSink | None = None) -> None:
         super().__init__()
         if not arms:
             raise ValueError("RotatingReplicas needs at least one arm")
@@ -238,6 +241,7 @@ class RotatingReplicas(LocalReplicas):
         self.block = block
         self.bracket = bracket
         self.trace = trace
+        self.failures = failures
         self.children: dict[str, ShadowSyncReplicas] = {}
         self.turns: list[Turn] = []
         self._steps = 0
@@ -258,8 +262,7 @@ class RotatingReplicas(LocalReplicas):
         super().wrap(dmp, env, device)
         for name, cfg in self.arms.items():
             if cfg is not None:
-                child = ShadowSyncReplicas.from_config(cfg)
-                child.failure_hook = self.failure_hook
+                child = ShadowSyncReplicas.from_config(cfg, self.failures)
                 child.wrap(dmp, env, device)
                 child.pause(consensus=False)
                 self.children[name] = child
@@ -382,9 +385,10 @@ def run_interleaved(
         cfg = load_config(preset, [*common, f"train.seed={seed}", "sync.strategy.name=none",
                                    f"train.steps={steps}", f"train.log_every={steps + 1}",
                                    f"train.epochs={steps}"])
-        wrapper = RotatingReplicas(syncs, block, base, trace)
+        domain = FaultDomain()
+        wrapper = RotatingReplicas(syncs, block, base, trace, domain)
         with Trainer(cfg, env, build_dataset(cfg.data.name, **cfg.data.options),
-                     wrapper=wrapper, callbacks=callbacks) as trainer:
+                     wrapper=wrapper, domain=domain, callbacks=callbacks) as trainer:
             summary = trainer.train()
         turns = [t for t in wrapper.turns if t.done]
         if len(turns) != steps // block:

@@ -126,15 +126,18 @@ from torch.profiler import ProfilerActivity, profile
 from shadowsync.sync import (
     BlockwiseModelUpdateFiltering,
     ElasticAveraging,
+    FixedRateOptions,
     FixedRateSyncRunner,
     ModelAveraging,
+    ReplicaSet,
+    ShadowOptions,
     ShadowSyncRunner,
     SyncRunner,
     SyncStrategy,
     broadcast_,
     new_sync_group,
 )
-from shadowsync.sync.protocol import NonFiniteError, PeerAborted, SyncError
+from shadowsync.sync.errors import NonFiniteError, PeerAborted, SyncError
 from shadowsync.testing import run_ranks
 
 PERIOD = 4  # fixed-rate period (steps)
@@ -418,9 +421,11 @@ def run_case(rank: int, device: torch.device, case: Case, group: dist.ProcessGro
     busy = Busy(sizes.busy_dim, device)
     strategy = case.make()
     runner: SyncRunner = (
-        ShadowSyncRunner(params, strategy, group, deadline_s=60.0, chunk_bytes=case.chunk_bytes,
-                         max_staleness=case.max_staleness) if case.shadow else
-        FixedRateSyncRunner(params, strategy, group, period=PERIOD, chunk_bytes=case.chunk_bytes))
+        ShadowSyncRunner(ReplicaSet(params, strategy), group, ShadowOptions(
+            deadline_s=60.0, chunk_bytes=case.chunk_bytes, max_staleness=case.max_staleness))
+        if case.shadow else
+        FixedRateSyncRunner(ReplicaSet(params, strategy), group, FixedRateOptions(
+            period=PERIOD, chunk_bytes=case.chunk_bytes)))
     runner.start()
     for step in range(1, sizes.steps + 1):
         params[-1].fill_(-1.0)
@@ -500,14 +505,15 @@ def check_cycles(rank: int, world_size: int, *, kind: str, sizes: Sizes) -> dict
     for segment in range(segments):
         case = f"segment {segment + 1}"
         strategy = BlockwiseModelUpdateFiltering(0.5, nesterov=True, wire_dtype=torch.bfloat16)
-        runner = ShadowSyncRunner(params, strategy, group, deadline_s=60.0)
+        runner = ShadowSyncRunner(ReplicaSet(params, strategy), group,
+                                  ShadowOptions(deadline_s=60.0))
         if state is not None:
             runner.load_state_dict(state)
             back = runner.state_dict()  # allowed while NEW: what the fresh runner now holds
-            diff = max((back["strategy"][k].cpu() - v.cpu()).abs().max().item()
-                       for k, v in state["strategy"].items() if isinstance(v, Tensor))
-            same = (back["counters"] == state["counters"]
-                    and back["strategy"]["rounds"] == state["strategy"]["rounds"])
+            diff = max((back["strategies"]["dense"][k].cpu() - v.cpu()).abs().max().item()
+                       for k, v in state["strategies"]["dense"].items() if isinstance(v, Tensor))
+            rounds = (back["strategies"]["dense"]["rounds"], state["strategies"]["dense"]["rounds"])
+            same = back["counters"] == state["counters"] and rounds[0] == rounds[1]
             rows.add(case, dev, "state_dict round-trips", diff + float(not same), per_rank=True)
         runner.start()
         for _ in range(sizes.cycle_steps):
@@ -524,7 +530,7 @@ def check_cycles(rank: int, world_size: int, *, kind: str, sizes: Sizes) -> dict
         torch.save(runner.state_dict(), buf)  # a checkpoint, through bytes
         buf.seek(0)
         state = torch.load(buf, weights_only=True, map_location=device)
-        counters, strat = state["counters"], state["strategy"]
+        counters, strat = state["counters"], state["strategies"]["dense"]
         rows.add(case, dev, "steps counted", abs(counters["steps"]
                                                  - (segment + 1) * sizes.cycle_steps),
                  per_rank=True)
@@ -577,7 +583,8 @@ def check_fence(rank: int, world_size: int, *, kind: str, sizes: Sizes) -> dict[
     wrong = torch.zeros(sizes.fence_steps, device=device)
     while_busy = 0
     try:
-        runner = ShadowSyncRunner(params, strategy, group, deadline_s=60.0)
+        runner = ShadowSyncRunner(ReplicaSet(params, strategy), group,
+                                  ShadowOptions(deadline_s=60.0))
         runner.start()
         for step in range(sizes.fence_steps):
             for _ in range(2):  # main-stream churn of the delta's size
@@ -695,7 +702,8 @@ def check_audit(rank: int, world_size: int, *, kind: str, sizes: Sizes) -> dict[
     params = make_params(sizes.shapes, device)
     drifts = make_drifts(rank, sizes.shapes, 1, device)[0]
     busy = Busy(sizes.busy_dim, device)
-    runner = ShadowSyncRunner(params, ModelAveraging(), group, deadline_s=60.0)
+    runner = ShadowSyncRunner(ReplicaSet(params, ModelAveraging()), group,
+                              ShadowOptions(deadline_s=60.0))
     runner.start()
 
     def train() -> None:
@@ -766,7 +774,8 @@ def check_failure(rank: int, world_size: int, *, kind: str, sizes: Sizes) -> dic
     case = "strategy raises on rank 1"
     params = make_params(sizes.shapes, device)
     strategy = FailingAveraging(failing, fail_round=3)
-    runner = ShadowSyncRunner(params, strategy, sync_group(), deadline_s=30.0)
+    runner = ShadowSyncRunner(ReplicaSet(params, strategy), sync_group(),
+                              ShadowOptions(deadline_s=30.0))
     runner.start()
     error, raised_at = until_error(runner, params, budget_s, lambda step: None)
     failed_at = max((v[0] for v in gather_floats([strategy.failed_at]) if not math.isnan(v[0])),
@@ -777,7 +786,8 @@ def check_failure(rank: int, world_size: int, *, kind: str, sizes: Sizes) -> dic
     # (b) rank 1's replica goes non-finite
     case = "non-finite replica on rank 1"
     params = make_params(sizes.shapes, device)
-    runner = ShadowSyncRunner(params, ModelAveraging(), sync_group(), deadline_s=30.0)
+    runner = ShadowSyncRunner(ReplicaSet(params, ModelAveraging()), sync_group(),
+                              ShadowOptions(deadline_s=30.0))
     runner.start()
     poisoned = [math.nan]
 
@@ -831,8 +841,8 @@ def check_memory(rank: int, world_size: int, *, kind: str, sizes: Sizes) -> dict
     half = sizes.memory_numel // 2
     params = make_params([(half,), (sizes.memory_numel - half,)], device)
     drift = [torch.full_like(p, 1e-4) for p in params]
-    runner = ShadowSyncRunner(params, ModelAveraging(), group, deadline_s=60.0,
-                              max_staleness=1)
+    runner = ShadowSyncRunner(ReplicaSet(params, ModelAveraging()), group,
+                              ShadowOptions(deadline_s=60.0, max_staleness=1))
 
     def settle() -> int:
         if cuda:

@@ -39,8 +39,11 @@ from shadowsync.benchmarks.report import markdown_table, or_dash
 from shadowsync.sync import (
     BlockwiseModelUpdateFiltering,
     ElasticAveraging,
+    FixedRateOptions,
     FixedRateSyncRunner,
     ModelAveraging,
+    ReplicaSet,
+    ShadowOptions,
     ShadowSyncRunner,
     SyncRunner,
     SyncStrategy,
@@ -177,9 +180,11 @@ def run_arm(arm: Arm, rank: int, world: int, device: torch.device, data: Planted
         net = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda"
                                       else None)
     elif arm.make is not None:
-        runner = (FixedRateSyncRunner(params, arm.make(), group, period=PERIOD)
+        runner = (FixedRateSyncRunner(ReplicaSet(params, arm.make()), group,
+                                      FixedRateOptions(period=PERIOD))
                   if arm.kind == "fixed_rate" else
-                  ShadowSyncRunner(params, arm.make(), group, deadline_s=120.0))
+                  ShadowSyncRunner(ReplicaSet(params, arm.make()), group,
+                                   ShadowOptions(deadline_s=120.0)))
         runner.start()
     loss_fn = nn.BCEWithLogitsLoss()
     start = 0.0

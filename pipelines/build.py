@@ -208,9 +208,7 @@ def check_sharding(cfg: RunConfig, spec: DataSpec, world_size: int,
     """Plans the sharding once without any process group, so that an impossible setting fails
     before ranks meet (or before a job is submitted), as a ``ValueError`` naming the
     ``sharding`` settings; checks the synchronizer's backend against ``device`` too."""
-    if cfg.sync.transport.backend == "nccl" and device.type != "cuda":
-        raise ValueError(f"sync.transport.backend=nccl needs CUDA; this job trains on "
-                         f"{device.type}: use sync.transport.backend=gloo")
+    cfg.sync.check_device(device.type)
     model, planner = _meta_model_and_planner(cfg, spec, world_size, device, local_world_size)
     try:
         planner.plan(model, get_default_sharders())

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
-from shadowsync.sync.protocol import CollectiveFailed, PeerAborted, RoundStalled
+from shadowsync.sync.errors import CollectiveFailed, PeerAborted, RoundStalled
 
 __all__ = ["FAILURES", "PREEMPTED_EXIT_CODE", "Control", "FiniteWatch", "NonFiniteValue",
            "PeerFailed", "PeerNonFinite", "causes", "is_consequence", "non_finite_message",

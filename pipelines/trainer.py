@@ -28,7 +28,7 @@ from shadowsync.pipelines.fault_domain import FaultDomain
 from shadowsync.pipelines.logbook import Logbook
 from shadowsync.pipelines.metrics import TrainingMetrics
 from shadowsync.pipelines.position import DataPosition
-from shadowsync.sync.runner import SyncError
+from shadowsync.sync.errors import SyncError
 from shadowsync.sync.wrapper import (
     DDPReplicas,
     LocalReplicas,
@@ -118,9 +118,8 @@ class Trainer:
         self.clock = clock
         self.cfg, self.env, self.dataset = cfg, env, dataset
         self.domain = FaultDomain() if domain is None else domain
-        self.wrapper = build_replica_wrapper(cfg.sync) if wrapper is None else wrapper
-        self.wrapper.failure_hook = self.domain.claim
-        self.domain.watch_sync(self.wrapper.own_stall)
+        self.wrapper = (build_replica_wrapper(cfg.sync, self.domain) if wrapper is None
+                        else wrapper)
         self.dmp, self.plan = build_sharded_model(cfg, dataset.spec, env, self.wrapper)
         self.optimizer = build_optimizer(cfg, self.dmp)
         self.pipeline = TrainPipelineSparseDist(self.dmp, self.optimizer, env.device)

@@ -9,23 +9,29 @@ module                    what
 ========================  ===============================================================
 :mod:`.config`            the ``sync.*`` settings, their ranges, the strategy registry
 :mod:`.strategies`        MA, EASGD, BMUF: pure tensor math, snapshot -> delta
-:mod:`.protocol`          a round's buffer layout, control slots and chunked allreduce
-:mod:`.pacing`            the pacers and the agreed pause in steps
+:mod:`.round`             one round, read in one place: snapshot, reduce input, allreduce
+                          with the control slots, delta, apply; the replica sets it carries
+:mod:`.protocol`          a round's buffer layout, control slots, chunked allreduce, wire
+:mod:`.runner`            what both runners share, and the fixed-rate runner
+:mod:`.shadow`            the shadow runner: its thread, schedule and stop
 :mod:`.handoff`           the training thread / sync thread meeting point
+:mod:`.pacing`            the pacers and the agreed pause in steps
 :mod:`.lifecycle`         a runner's states and the calls each allows
+:mod:`.machine`           the state machine every layer's states are kept in
+:mod:`.errors`            the synchronizer's exceptions and the failure sink
 :mod:`.telemetry`         counters and :class:`SyncStats`
 :mod:`.clock`             the injected clock (:class:`ManualClock` for tests)
-:mod:`.runner`            the shadow and fixed-rate runners
 :mod:`.wrapper`           the seam to TorchRec's ``DistributedModelParallel``
 ========================  ===============================================================
 
 Example (plain PyTorch, every rank)::
 
-    from shadowsync.sync import ModelAveraging, ShadowSyncRunner, broadcast_, new_sync_group
+    from shadowsync.sync import (ModelAveraging, ReplicaSet, ShadowSyncRunner, broadcast_,
+                                 new_sync_group)
 
     params = list(model.parameters())
     broadcast_(params)                          # replicas start identical
-    runner = ShadowSyncRunner(params, ModelAveraging(), new_sync_group("gloo"))
+    runner = ShadowSyncRunner(ReplicaSet(params, ModelAveraging()), new_sync_group("gloo"))
     runner.start()
     for x, y in batches:
         loss_fn(model(x), y).backward(); optimizer.step(); optimizer.zero_grad()
@@ -39,13 +45,17 @@ from shadowsync.sync.config import ALGORITHMS, Algorithm, SyncConfig
 
 _LAZY = {
     "ManualClock": "clock",
+    "SyncError": "errors",
+    "FixedRateOptions": "runner",
     "FixedRateSyncRunner": "runner",
-    "ShadowSyncRunner": "runner",
-    "SyncError": "runner",
     "SyncRunner": "runner",
-    "SyncStats": "runner",
-    "broadcast_": "runner",
-    "new_sync_group": "runner",
+    "ShadowOptions": "shadow",
+    "ShadowSyncRunner": "shadow",
+    "ReplicaSet": "round",
+    "SyncStats": "telemetry",
+    "average_": "protocol",
+    "broadcast_": "protocol",
+    "new_sync_group": "protocol",
     "BlockwiseModelUpdateFiltering": "strategies",
     "ElasticAveraging": "strategies",
     "ModelAveraging": "strategies",

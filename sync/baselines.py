@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -54,10 +53,6 @@ def data_parallel_table_parameters(dmp: DistributedModelParallel) -> dict[str, n
 
 class ReplicaHooks:
     """What the training loop calls on every wrapper; the baselines do nothing here."""
-
-    # Called with a synchronizer failure that will stop training (``on_failure: raise``,
-    # or a non-finite replica), from the thread that found it; set by the trainer.
-    failure_hook: Callable[[BaseException], None] | None = None
 
     def after_step(self) -> None:
         """Called between steps (after the optimizer step, before the next forward)."""

@@ -30,70 +30,41 @@ Example::
 from __future__ import annotations
 
 import dataclasses
-import math
 import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from shadowsync.registry import Registry, import_path
-from shadowsync.sections import read_section
+from shadowsync.sections import Range, check_fields, check_range, read_section
 
 __all__ = ["ALGORITHMS", "MOVED", "RANGES", "Algorithm", "BMUFConfig", "CustomStrategyConfig",
            "EASGDConfig", "FailureConfig", "ScheduleConfig", "StrategyConfig", "SyncConfig",
            "TransportConfig", "check", "migrate", "strategy_algorithms"]
 
 
-@dataclass(frozen=True)
-class Interval:
-    """A range of valid values; ``closed`` says which ends belong to it."""
-
-    low: float
-    high: float = math.inf
-    closed: tuple[bool, bool] = (True, True)
-
-    def __str__(self) -> str:
-        if self.high == math.inf:
-            return f"{'>=' if self.closed[0] else '>'} {self.low:g}"
-        return (f"in {'[' if self.closed[0] else '('}{self.low:g}, {self.high:g}"
-                f"{']' if self.closed[1] else ')'}")
-
-    def __contains__(self, value: float) -> bool:
-        above = value >= self.low if self.closed[0] else value > self.low
-        below = value <= self.high if self.closed[1] else value < self.high
-        return above and below
-
-
 # Every range of a synchronizer setting, written once: the config checks them with the setting's
 # dotted name, the strategy and runner constructors with their argument's.
-RANGES: dict[str, Interval] = {
-    "period": Interval(1),
-    "alpha": Interval(0, 1, (False, True)),
-    "block_momentum": Interval(0, 1, (True, False)),
-    "block_lr": Interval(0, closed=(False, True)),
-    "min_interval_s": Interval(0),
-    "max_comm_share": Interval(0, 1, (False, True)),
-    "max_slowdown": Interval(0, 1, (False, False)),
-    "slowdown_window": Interval(1),
-    "chunk_mb": Interval(0, closed=(False, True)),
-    "timeout_s": Interval(0, closed=(False, True)),
-    "rejoin_after_steps": Interval(1),
-    "thread_nice": Interval(0, 19),
-    "max_staleness": Interval(1),
+RANGES: dict[str, Range] = {
+    "period": Range(1),
+    "alpha": Range(0, 1, (False, True)),
+    "block_momentum": Range(0, 1, (True, False)),
+    "block_lr": Range(0, closed=(False, True)),
+    "min_interval_s": Range(0),
+    "max_comm_share": Range(0, 1, (False, True)),
+    "max_slowdown": Range(0, 1, (False, False)),
+    "slowdown_window": Range(1),
+    "chunk_mb": Range(0, closed=(False, True)),
+    "timeout_s": Range(0, closed=(False, True)),
+    "rejoin_after_steps": Range(1),
+    "thread_nice": Range(0, 19),
+    "max_staleness": Range(1),
 }
 
 
 def check(name: str, value: float | None, key: str | None = None) -> None:
     """Raises ``ValueError`` naming ``key`` (default ``name``) if ``value`` is outside
     ``RANGES[name]``; None (a setting left unset) passes."""
-    if value is not None and value not in RANGES[name]:
-        raise ValueError(f"{key or name} must be {RANGES[name]}, got {value}")
-
-
-def _check_fields(section: object, prefix: str) -> None:
-    """:func:`check` on every field of ``section`` that has a range, naming ``prefix.<field>``."""
-    for f in dataclasses.fields(section):  # type: ignore[arg-type]
-        if f.name in RANGES:
-            check(f.name, getattr(section, f.name), f"{prefix}.{f.name}")
+    check_range(key or name, value, RANGES[name])
 
 
 # ---------------------------------------------------------------------------- sync.strategy
@@ -106,7 +77,7 @@ class StrategyConfig:
 
     def validate(self, prefix: str = "sync.strategy") -> None:
         """Raises ``ValueError`` naming ``prefix.<key>`` of the first bad option."""
-        _check_fields(self, prefix)
+        check_fields(self, prefix, RANGES)
 
     def strategy_options(self) -> Any:
         """What the strategy's ``from_config`` receives: this config, for the built-ins."""
@@ -335,7 +306,7 @@ class SyncConfig:
         algorithm = self.algorithm
         self.strategy.validate()
         for name in ("schedule", "transport", "failure"):
-            _check_fields(getattr(self, name), f"sync.{name}")
+            check_fields(getattr(self, name), f"sync.{name}", RANGES)
         t = self.transport
         if t.socket_ifname is not None and t.backend != "gloo":
             raise ValueError("sync.transport.socket_ifname binds a gloo group: it needs "
@@ -345,6 +316,13 @@ class SyncConfig:
                 f"sync.transport.backend={t.backend} cannot carry shadow rounds (a thread's "
                 "NCCL collectives beside training's on one device have no safe order): use "
                 "sync.transport.backend=gloo, which reduces CUDA tensors too")
+
+    def check_device(self, device_type: str) -> None:
+        """Raises ``ValueError`` if the transport cannot run where training does (NCCL off
+        CUDA); checked before launch and again where a wrapper is wrapped."""
+        if self.transport.backend == "nccl" and device_type != "cuda":
+            raise ValueError(f"sync.transport.backend=nccl needs CUDA; this job trains on "
+                             f"{device_type}: use sync.transport.backend=gloo")
 
     def ignored(self) -> dict[str, str]:
         """The settings (``section.key``) that do nothing under this strategy and mode, each

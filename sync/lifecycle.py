@@ -1,4 +1,4 @@
-"""A runner's lifecycle: an explicit state and the one table of the calls each state allows.
+"""A runner's lifecycle: its states and the one table of the calls each state allows.
 
 ==========  ======================================  =========================================
 state       call                                    next state
@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["FIXED_RATE", "SHADOW", "Lifecycle", "State"]
+from shadowsync.sync.machine import Machine
+
+__all__ = ["FIXED_RATE", "SHADOW", "State", "lifecycle"]
 
 
 class State(enum.Enum):
@@ -61,31 +63,21 @@ FIXED_RATE: dict[tuple[State, str], State] = {
     (_S.RUNNING, "load_state_dict"): _S.RUNNING,
 }
 
+_HINTS = {
+    State.NEW: "; call start() first",
+    State.RUNNING: ("; the sync thread is running, so the state would not be consistent across "
+                    "ranks: stop(final_sync=False), checkpoint or restore, start()"),
+    State.STOPPED: "; call start() first",
+}
 
-class Lifecycle:
-    """The state of one runner, moved only along ``table``."""
 
-    def __init__(self, table: dict[tuple[State, str], State]) -> None:
-        self.table = table
-        self.state = State.NEW
+def lifecycle(table: dict[tuple[State, str], State]) -> Machine[State]:
+    """A runner's lifecycle along ``table``, from NEW; a refused call raises ``RuntimeError``
+    naming the state, the call and what the state allows."""
 
-    def allows(self, call: str) -> bool:
-        return (self.state, call) in self.table
+    def refused(state: State, call: str) -> str:
+        allowed = sorted(c for s, c in table if s is state)
+        return (f"{call}() on a runner that is {state.value} (allowed: {allowed})"
+                f"{_HINTS.get(state, '')}")
 
-    def move(self, call: str) -> State:
-        """Moves to the state ``call`` leads to; ``RuntimeError`` if the state does not allow
-        it. Returns the state it left."""
-        left = self.state
-        if (left, call) not in self.table:
-            allowed = sorted(c for s, c in self.table if s is left)
-            hint = {
-                State.NEW: "; call start() first",
-                State.RUNNING: ("; the sync thread is running, so the state would not be "
-                                "consistent across ranks: stop(final_sync=False), checkpoint or "
-                                "restore, start()"),
-                State.STOPPED: "; call start() first",
-            }.get(left, "")
-            raise RuntimeError(f"{call}() on a runner that is {left.value} "
-                               f"(allowed: {allowed}){hint}")
-        self.state = self.table[(left, call)]
-        return left
+    return Machine(table, State.NEW, refused)

@@ -2,19 +2,37 @@
 
 A round is one SUM-allreduce, on the synchronizer's own process group, of one flat buffer::
 
-    [ payload (numel) | stop | pause | chunk seconds | abort flag by group rank (world) ]
+    [ payload of each replica set | stop | pause | chunk seconds | abort flag by group rank ]
 
-in the strategy's wire dtype. The control slots ride in the payload's own allreduce, so every
-rank reads the same values after the same round: whether any rank asked to stop (then every
-rank's thread leaves after this round), the pause before the next round (each rank proposes
-``pause / world``, so the slot holds the mean; ranks read the same bits and round them the
-same way), the ranks' mean fastest chunk time (what the next round's pause between chunks is
-made of), and which ranks failed (a rank that fails sends one more round with its flag set,
-so a peer waiting in that round fails at once instead of at the group's timeout). Slots are
-indexed by rank *in the sync group*; errors name global ranks.
+in the strategies' wire dtype. The control slots (:class:`Control`) ride in the payloads' own
+allreduce, so every rank reads the same values after the same round (:class:`Agreement`):
+whether any rank asked to stop (then every rank's thread leaves after this round), the pause
+before the next round (each rank proposes ``pause / world``, so the slot holds the mean; ranks
+read the same bits and round them the same way), the ranks' mean fastest chunk time (what the
+next round's pause between chunks is made of), and which ranks failed (a rank that fails sends
+one more round with its flag set, so a peer waiting in that round fails at once instead of at
+the group's timeout). Slots are indexed by rank *in the sync group*; errors name global ranks.
 
 The rule this module serves (see :mod:`.runner`): what decides when a rank enters a collective
 comes from values every rank holds, and these slots are where such values are made common.
+
+The wire's own states (any thread may read them; the heartbeat asks whether a stalled round
+waits in its collective):
+
+=============  ============  =====================================================
+state          event         next state
+=============  ============  =====================================================
+OPEN           ``send``      IN_COLLECTIVE: this rank's part is in the collectives
+IN_COLLECTIVE  ``reduced``   OPEN
+IN_COLLECTIVE  ``stop``      PEERS_LEFT: the round agreed to stop, peers' threads left
+IN_COLLECTIVE  ``abort``     ABORTED: a rank's abort flag was in the round
+IN_COLLECTIVE  ``raise``     BROKEN: a collective raised, the group is in doubt
+PEERS_LEFT     ``reopen``    OPEN: the runner starts again
+OPEN           ``reopen``    OPEN
+=============  ============  =====================================================
+
+Only an OPEN wire may carry a round, or this rank's abort round: in every other state its peers
+know already, are gone, or cannot be reached.
 
 Also here: the flat-buffer helpers (:func:`broadcast_`, :func:`average_`) and
 :func:`new_sync_group`.
@@ -23,6 +41,7 @@ Also here: the flat-buffer helpers (:func:`broadcast_`, :func:`average_`) and
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -34,44 +53,33 @@ from torch import Tensor
 from torch.profiler import record_function
 
 from shadowsync.sync.clock import Clock
+from shadowsync.sync.errors import CollectiveFailed, PeerAborted
+from shadowsync.sync.machine import Machine
 
-__all__ = ["MAX_PAUSE_STEPS", "Agreement", "CollectiveFailed", "NonFiniteError", "PeerAborted",
-           "RoundStalled", "SyncError", "Wire", "average_", "broadcast_", "check_params",
-           "new_sync_group", "views"]
+__all__ = ["MAX_PAUSE_STEPS", "WIRE", "Agreement", "Control", "Layout", "Wire", "WireState",
+           "average_", "broadcast_", "check_params", "new_sync_group", "views"]
 
 # The control slots after the payload; the abort flags start at _FLAGS.
 _STOP, _PAUSE, _CHUNK, _FLAGS = range(4)
 MAX_PAUSE_STEPS = 2**13  # a proposal is capped here: float16 slots hold the sum of any world's
 
 
-class SyncError(RuntimeError):
-    """Synchronization failed on this rank (or a peer aborted); the message names the rank."""
+@dataclasses.dataclass(frozen=True)
+class Control:
+    """This rank's control values for one round.
 
+    Attributes:
+        stop: ask every rank to stop after this round.
+        pause_steps: this rank's proposal for the steps between this round's landing and the
+            next snapshot (capped at :data:`MAX_PAUSE_STEPS`).
+        chunk_s: this rank's fastest chunk of its previous round (seconds).
+        abort: this rank failed (its abort round).
+    """
 
-class PeerAborted(SyncError):
-    """Another rank's synchronization failed and told this one so (the abort flag): a
-    consequence, not a cause; that rank reports the cause."""
-
-
-class CollectiveFailed(RuntimeError):
-    """A round's collective raised (the group's timeout while a peer's part never came, or a
-    broken connection): likely a peer's failure, which that peer reports."""
-
-
-class RoundStalled(TimeoutError):
-    """A round stayed in flight past the synchronizer's deadline. ``in_collective``: this
-    rank's part was in the round's collective, waiting for a peer's (a peer stalled first, or
-    is slower than the deadline); else its own round never reached the collective."""
-
-    def __init__(self, message: str, in_collective: bool) -> None:
-        where = ("waiting in the collective for a peer's part" if in_collective
-                 else "this rank's round did not reach the collective")
-        super().__init__(f"{message}: {where}")
-        self.in_collective = in_collective
-
-
-class NonFiniteError(SyncError):
-    """A replica (its snapshot) or a round's delta held NaN or inf; names the round."""
+    stop: bool = False
+    pause_steps: float = 0.0
+    chunk_s: float = 0.0
+    abort: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,96 +131,131 @@ def views(flat: Tensor, params: Sequence[Tensor]) -> list[Tensor]:
                                                  params, strict=True)]
 
 
+class WireState(enum.Enum):
+    OPEN = "open"  # between rounds: a round (or this rank's abort round) may go
+    IN_COLLECTIVE = "in collective"  # this rank's part is in the round's collectives
+    PEERS_LEFT = "peers left"  # a round agreed to stop: the peers' threads have left
+    ABORTED = "aborted"  # a round carried an abort flag: every rank knows of the failure
+    BROKEN = "broken"  # a collective raised: the group is in doubt, send nothing more
+
+
+_W = WireState
+WIRE: dict[tuple[WireState, str], WireState] = {
+    (_W.OPEN, "send"): _W.IN_COLLECTIVE,
+    (_W.IN_COLLECTIVE, "reduced"): _W.OPEN,
+    (_W.IN_COLLECTIVE, "stop"): _W.PEERS_LEFT,
+    (_W.IN_COLLECTIVE, "abort"): _W.ABORTED,
+    (_W.IN_COLLECTIVE, "raise"): _W.BROKEN,
+    (_W.PEERS_LEFT, "reopen"): _W.OPEN,
+    (_W.OPEN, "reopen"): _W.OPEN,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """What a round's buffer holds ahead of its control slots: each replica set's payload
+    (``sizes`` elements each, in order), in ``dtype`` on ``device``."""
+
+    sizes: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+
+
 class Wire:
-    """One round's buffer and its chunked allreduce on ``group``.
+    """One round's buffer and its chunked allreduce on ``group``; its state (see the module's
+    table) is safe to read from any thread.
 
     Args:
-        numel: payload elements (the flat dense parameters).
-        dtype: the buffer's dtype (the strategy's wire dtype, or the parameters').
-        device: where the buffer lives.
+        layout: the payloads the buffer carries.
         group: the synchronizer's process group.
         chunk_bytes: the most bytes one collective carries (None: one collective a round).
         clock: times the allreduce; paces the pauses between chunks.
     """
 
-    def __init__(self, numel: int, dtype: torch.dtype, device: torch.device,
-                 group: dist.ProcessGroup, chunk_bytes: int | None, clock: Clock) -> None:
+    def __init__(self, layout: Layout, group: dist.ProcessGroup, chunk_bytes: int | None,
+                 clock: Clock) -> None:
         if chunk_bytes is not None and chunk_bytes < 16:
             raise ValueError(f"chunk_bytes must be >= 16 or None, got {chunk_bytes}")
+        self.layout = layout
         self.group = group
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
-        self.numel = numel
-        self.buffer = torch.empty(numel + _FLAGS + self.world, dtype=dtype, device=device)
+        self.numel = sum(layout.sizes)
+        self.buffer = torch.empty(self.numel + _FLAGS + self.world, dtype=layout.dtype,
+                                  device=layout.device)
+        self._chunk_bytes = chunk_bytes
         self._chunk_numel = (self.buffer.numel() if chunk_bytes is None
                              else max(1, chunk_bytes // self.buffer.element_size()))
         self._clock = clock
-        self.broken = False  # a collective raised: the group is in doubt, send nothing more
-        # In a round's collectives (set by the thread that runs rounds, read by training when
-        # a round stalls): waiting there is waiting for a peer's part.
-        self.in_collective = False
+        self._machine = Machine(WIRE, WireState.OPEN)
 
     @property
-    def payload(self) -> Tensor:
-        """The reduced payload after :meth:`allreduce` (a view of the buffer)."""
-        return self.buffer[: self.numel]
+    def state(self) -> WireState:
+        """Any thread: where the wire is (see the module's table)."""
+        return self._machine.state
+
+    def reopen(self) -> None:
+        """The runner starts again after a round that agreed to stop."""
+        self._machine.move("reopen")
+
+    @property
+    def payloads(self) -> list[Tensor]:
+        """Each replica set's reduced payload after :meth:`allreduce` (views of the buffer)."""
+        return list(self.buffer[: self.numel].split(self.layout.sizes))
 
     def like(self, dtype: torch.dtype) -> Wire:
         """A wire of the same layout and group in ``dtype`` (the consensus: full precision)."""
-        chunk = None if self._chunk_numel == self.buffer.numel() else (
-            self._chunk_numel * self.buffer.element_size())
-        return Wire(self.numel, dtype, self.buffer.device, self.group, chunk, self._clock)
+        return Wire(dataclasses.replace(self.layout, dtype=dtype), self.group, self._chunk_bytes,
+                    self._clock)
 
-    def allreduce(self, payload: Tensor | None, *, stop: bool = False, pause_steps: float = 0.0,
-                  chunk_s: float = 0.0, abort: bool = False,
+    def allreduce(self, payloads: Sequence[Tensor] | None, control: Control,
                   pause_between_chunks: Callable[[float], float] | None = None) -> Agreement:
-        """SUM-allreduce ``payload`` (zeros if None) with this rank's control values: its stop
-        request, its proposed pause (steps, capped at :data:`MAX_PAUSE_STEPS`), its fastest
-        chunk of the previous round, its abort flag. ``pause_between_chunks(seconds)`` sleeps
+        """SUM-allreduce ``payloads`` (one per replica set, in the layout's order; zeros if
+        None) with this rank's ``control`` values. ``pause_between_chunks(seconds)`` sleeps
         after each chunk but the last and returns how long it slept (the caller's clock and
-        interruption). Raises :class:`PeerAborted` naming the global ranks that aborted.
+        interruption). Raises :class:`~.errors.PeerAborted` naming the global ranks that
+        aborted, :class:`~.errors.CollectiveFailed` if a collective raised.
 
         Reading the control values synchronizes the calling thread with its current stream;
         in shadow mode that is the sync thread and its side stream, never the training loop.
         """
         n, buf = self.numel, self.buffer
         with record_function("shadowsync.allreduce"):
-            if payload is None:
+            if payloads is None:
                 buf[:n].zero_()
             else:
-                buf[:n].copy_(payload)
-            control = [float(stop), min(max(pause_steps, 0.0), MAX_PAUSE_STEPS) / self.world,
-                       chunk_s / self.world] + [0.0] * self.world
-            control[_FLAGS + self.rank] = float(abort)
-            buf[n:].copy_(torch.tensor(control, dtype=buf.dtype))
+                torch.cat([p.reshape(-1) for p in payloads], out=buf[:n])
+            slots = [float(control.stop),
+                     min(max(control.pause_steps, 0.0), MAX_PAUSE_STEPS) / self.world,
+                     control.chunk_s / self.world] + [0.0] * self.world
+            slots[_FLAGS + self.rank] = float(control.abort)
+            buf[n:].copy_(torch.tensor(slots, dtype=buf.dtype))
             began = self._clock.now()
             paused, fastest = 0.0, math.inf
             chunks = buf.split(self._chunk_numel)
-            self.in_collective = True
-            try:
-                for i, chunk in enumerate(chunks):
-                    sent = self._clock.now()
-                    try:
-                        dist.all_reduce(chunk, op=dist.ReduceOp.SUM, group=self.group)
-                    except Exception as e:
-                        self.broken = True
+            self._machine.move("send")
+            for i, chunk in enumerate(chunks):
+                sent = self._clock.now()
+                try:
+                    dist.all_reduce(chunk, op=dist.ReduceOp.SUM, group=self.group)
+                except BaseException as e:
+                    self._machine.move("raise")
+                    if isinstance(e, Exception):
                         raise CollectiveFailed(f"{type(e).__name__}: {e}") from e
-                    except BaseException:
-                        self.broken = True
-                        raise
-                    fastest = min(fastest, self._clock.now() - sent)
-                    if pause_between_chunks is not None and i + 1 < len(chunks):
-                        paused += pause_between_chunks(fastest)
-                reduced = buf[n:].tolist()
-            finally:
-                self.in_collective = False
+                    raise
+                fastest = min(fastest, self._clock.now() - sent)
+                if pause_between_chunks is not None and i + 1 < len(chunks):
+                    paused += pause_between_chunks(fastest)
+            reduced = buf[n:].tolist()
             comm_s = self._clock.now() - began - paused
         aborted = [dist.get_global_rank(self.group, r)
                    for r, flag in enumerate(reduced[_FLAGS:]) if flag > 0 and r != self.rank]
+        stop = reduced[_STOP] > 0
+        self._machine.move("abort" if aborted or control.abort else "stop" if stop else "reduced")
         if aborted:
             raise PeerAborted(f"rank(s) {aborted} failed and aborted synchronization "
                               "(see that rank's error)")
-        return Agreement(stop=reduced[_STOP] > 0, pause_steps=math.ceil(reduced[_PAUSE] - 1e-3),
+        return Agreement(stop=stop, pause_steps=math.ceil(reduced[_PAUSE] - 1e-3),
                          chunk_s=reduced[_CHUNK], comm_s=comm_s, paused_s=paused,
                          fastest_chunk_s=fastest, nbytes=buf.numel() * buf.element_size())
 

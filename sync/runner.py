@@ -1,11 +1,9 @@
-"""Runners that drive a :class:`~.strategies.SyncStrategy` over the dense replicas.
+"""Runners that drive a :class:`~.round.Round` over replica sets: what both share
+(:class:`SyncRunner`), and the fixed-rate runner; the shadow runner is in :mod:`.shadow`.
 
-Both runners share one round (snapshot -> ``reduce_input`` -> SUM-allreduce with the control
-slots of :mod:`.protocol` -> ``delta``), one lifecycle (:mod:`.lifecycle`) and one telemetry:
-
-* :class:`ShadowSyncRunner` runs rounds on a background thread and its own process group while
-  training continues, as in ShadowSync (Zheng et al., arXiv:2003.03477, Sec. 3): the training
-  loop only copies a snapshot and adds finished deltas between steps (:mod:`.handoff`).
+* :class:`~.shadow.ShadowSyncRunner` runs rounds on a background thread and its own process
+  group while training continues, as in ShadowSync (Zheng et al., arXiv:2003.03477, Sec. 3):
+  the training loop only copies a snapshot and adds finished deltas between steps.
 * :class:`FixedRateSyncRunner` runs the same round blocking on the training thread every
   ``period`` steps: the paper's FR-* baselines, and local SGD / post-local SGD model averaging
   (Lin et al., arXiv:1808.07217) when the strategy is model averaging.
@@ -26,47 +24,245 @@ parameters while autograd runs (it fails with "modified by an inplace operation"
 peer down), so the thread only posts deltas.
 
 **Failures.** A rank whose round fails (the strategy, a non-finite replica or delta, the
-collective) records it, calls ``on_failure`` (not for a peer's abort) and, unless its peers
-know already, sends one more round with its abort flag so that they fail in the round they
-wait in. The training thread raises it as :class:`SyncError` at its next call. A round in
-flight longer than ``deadline_s`` is a stall, raised the same way. :meth:`SyncRunner.abandon`
-drops a runner without a collective.
+collective) records it, calls ``on_failure`` (not for a peer's abort) and, while its wire is
+open (:mod:`.protocol`: peers neither told, gone nor unreachable), sends one more round with
+its abort flag so that they fail in the round they wait in. The training thread raises it as
+:class:`~.errors.SyncError` at its next call. A round in flight longer than ``deadline_s`` is a
+stall, raised the same way. :meth:`SyncRunner.abandon` drops a runner without a collective.
 """
 
 from __future__ import annotations
 
+import abc
 import contextlib
-import functools
-import os
-import threading
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
-from torch import Tensor
-from torch.profiler import record_function
 
-from shadowsync.sync.base import SyncRunner
-from shadowsync.sync.clock import Clock
+from shadowsync.sync.clock import Clock, MonotonicClock
 from shadowsync.sync.config import check
-from shadowsync.sync.handoff import HandOff, Job, Result
-from shadowsync.sync.lifecycle import FIXED_RATE
-from shadowsync.sync.pacing import CommShare, Interval, Pacer, Pacing, RoundTimes, SlowdownPacer
-from shadowsync.sync.protocol import (
-    NonFiniteError,
-    PeerAborted,
-    RoundStalled,
-    SyncError,
-    average_,
-    broadcast_,
-    new_sync_group,
-)
-from shadowsync.sync.strategies import SyncStrategy
-from shadowsync.sync.telemetry import SyncStats
+from shadowsync.sync.errors import PeerAborted, SyncError
+from shadowsync.sync.lifecycle import FIXED_RATE, SHADOW, State, lifecycle
+from shadowsync.sync.protocol import Control, Wire, WireState
+from shadowsync.sync.round import Job, ReplicaSet, Round
+from shadowsync.sync.telemetry import SyncStats, Telemetry
 
-__all__ = ["FixedRateSyncRunner", "NonFiniteError", "PeerAborted", "ShadowSyncRunner",
-           "SlowdownPacer", "SyncError", "SyncRunner", "SyncStats", "average_", "broadcast_",
-           "new_sync_group"]
+__all__ = ["FixedRateOptions", "FixedRateSyncRunner", "Replicas", "SyncRunner"]
+
+Replicas = ReplicaSet | Sequence[ReplicaSet]
+OnFailure = Callable[[SyncError], None]
+
+
+class SyncRunner(abc.ABC):
+    """Owns the replica sets, their round, its wire and the sync group.
+
+    Lifecycle (every call collective across ranks unless noted; see :mod:`.lifecycle`)::
+
+        group = new_sync_group()            # every rank, before any thread starts
+        broadcast_(params)                  # replicas identical
+        runner = ShadowSyncRunner(ReplicaSet(params, strategy), group)  # or FixedRateSyncRunner
+        runner.start()
+        for batch in data:
+            loss = ...; loss.backward(); optimizer.step()
+            runner.step()                   # may apply a delta / take a snapshot
+        runner.stop(final_sync=True)        # replicas end bit-identical
+
+    Args:
+        replicas: one replica set, or several that travel in the same rounds.
+        group: the synchronizer's process group (:func:`~.protocol.new_sync_group`).
+        chunk_bytes: splits each allreduce into collectives of at most that many bytes.
+        clock: what rounds are timed on (default: the real clock).
+        on_failure: called once with this rank's own failure (not a peer's abort), from
+            whichever thread found it, before peers are told (the trainer reports it to the
+            job from there).
+    """
+
+    TABLE: ClassVar[dict[tuple[State, str], State]] = SHADOW
+    SIDE_STREAM: ClassVar[bool] = False  # rounds run on a CUDA stream of their own
+
+    def __init__(self, replicas: Replicas, group: dist.ProcessGroup, chunk_bytes: int | None,
+                 clock: Clock | None, on_failure: OnFailure | None) -> None:
+        if not dist.is_initialized():
+            raise RuntimeError("torch.distributed is not initialized: call init_process_group "
+                               "first")
+        if not isinstance(group, dist.ProcessGroup):
+            raise TypeError(f"group must be a ProcessGroup (see new_sync_group()), "
+                            f"got {type(group).__name__}")
+        sets = [replicas] if isinstance(replicas, ReplicaSet) else list(replicas)
+        if not sets or not all(isinstance(r, ReplicaSet) for r in sets):
+            raise TypeError("replicas must be a ReplicaSet or a non-empty list of them")
+        self._rank = dist.get_rank()
+        self._clock: Clock = clock or MonotonicClock()
+        self._telemetry = Telemetry(self._clock)
+        device = sets[0].snapshot.device
+        stream = (torch.cuda.Stream(device) if self.SIDE_STREAM and device.type == "cuda"
+                  else None)
+        wire = Wire(Round.layout(sets), group, chunk_bytes, self._clock)
+        self._round = Round(sets, wire, self._telemetry, stream)
+        self._lifecycle = lifecycle(self.TABLE)
+        self._failure: SyncError | None = None
+        self._on_failure = on_failure
+        self._step_busy = False  # synchronization touched the step in progress
+
+    # ------------------------------------------------------------------ public API
+    @property
+    def replicas(self) -> list[ReplicaSet]:
+        """The replica sets (their strategies' state is consistent across ranks only while
+        stopped)."""
+        return self._round.replicas
+
+    @property
+    def state(self) -> State:
+        return self._lifecycle.state
+
+    @property
+    def step_busy(self) -> bool:
+        """Whether synchronization touches the training step in progress: it began with a
+        blocking round (fixed rate), or with a round's snapshot or delta, or a round is in
+        flight (shadow)."""
+        return self._step_busy
+
+    @property
+    def syncs_applied(self) -> int:
+        """Deltas added to the live replica so far (training thread; cheap)."""
+        return self._telemetry.counters.syncs_applied
+
+    def start(self) -> None:
+        """Begin synchronizing; replicas must be identical (see :func:`broadcast_`) the first
+        time: the first start (or ``load_state_dict``) takes the strategies' state from the
+        live replicas, later ones resume with it."""
+        self._move("start")
+        self._round.init()
+        self._round.wire.reopen()
+        self._step_busy = False
+        self._telemetry.started()
+
+    @abc.abstractmethod
+    def step(self) -> None:
+        """Call once per training step, after ``optimizer.step()``, on every rank."""
+
+    @abc.abstractmethod
+    def stop(self, final_sync: bool = True) -> None:
+        """Stop synchronizing on every rank; with ``final_sync`` replicas end bit-identical."""
+
+    def abandon(self) -> None:
+        """Local: stop using this runner without a collective, after it failed on some rank
+        or training failed. It cannot be used again; its group is left to time out."""
+        self._telemetry.stopped()
+        self._lifecycle.move("abandon")
+
+    def consensus(self) -> None:
+        """Collective, once stopped on every rank: overwrite every replica with its strategy's
+        consensus model (see each strategy), computed from the reduced buffer alone, so every
+        rank ends with the same bits. ``stop(final_sync=True)`` is ``stop`` and this."""
+        self._move("consensus")
+        try:
+            self._round.consensus(self._telemetry.counters.steps)
+        except Exception as exc:
+            raise self._record_failure(exc)  # noqa: B904 (its __cause__ is exc)
+
+    def failure(self) -> SyncError | None:
+        """The failure this runner recorded (its own, or a peer's abort), as :meth:`step`
+        raises it; None while it has not failed."""
+        return self._failure
+
+    def own_stall(self) -> SyncError | None:
+        """Any thread: a stall of this rank's own round that training may not find (see
+        :meth:`~.shadow.ShadowSyncRunner.own_stall`); None where rounds run in training's
+        own thread."""
+        return None
+
+    def stats(self) -> SyncStats:
+        """Telemetry of this rank so far."""
+        return self._telemetry.stats(self._mode_stats())
+
+    def _mode_stats(self) -> dict[str, float]:
+        """Telemetry only some runners have."""
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Each set's strategy state, by set name, plus the counters (the step counter and the
+        next snapshot's step schedule rounds). Consistent across ranks whenever the lifecycle
+        allows the call."""
+        self._move("state_dict")
+        self._round.init()
+        return {"strategies": {r.name: r.strategy.state_dict() for r in self.replicas},
+                "counters": self._telemetry.state_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output (or an older one's single ``strategy``), after
+        the replicas themselves have been restored."""
+        self._move("load_state_dict")
+        self._round.init()
+        states = state_dict.get("strategies") or {self.replicas[0].name: state_dict["strategy"]}
+        if set(states) != {r.name for r in self.replicas}:
+            raise KeyError(f"synchronizer state for {sorted(states)}, this runner has "
+                           f"{[r.name for r in self.replicas]}")
+        for r in self.replicas:
+            r.strategy.load_state_dict(states[r.name])
+        self._telemetry.load_state_dict(state_dict["counters"])
+
+    # ------------------------------------------------------------------ failures
+    def _move(self, call: str) -> None:
+        """Moves the lifecycle; in FAILED, a call it allows raises the recorded failure."""
+        if self._lifecycle.state is State.FAILED and self._lifecycle.allows(call):
+            assert self._failure is not None
+            raise self._failure
+        self._lifecycle.move(call)
+
+    def _as_sync_error(self, exc: BaseException) -> SyncError:
+        """``exc`` as the training loop sees it: a SyncError naming this rank, of the same
+        subclass when ``exc`` is one (a peer's abort, a non-finite replica)."""
+        cls = type(exc) if isinstance(exc, SyncError) else SyncError
+        error = cls(f"rank {self._rank}: synchronization failed: {type(exc).__name__}: {exc}")
+        error.__cause__ = exc
+        return error
+
+    def _record_failure(self, exc: BaseException) -> SyncError:
+        """Training thread: FAILED, with ``exc`` as :meth:`_as_sync_error` (the first failure
+        stays the one raised, with its own cause: raise it as it is, never ``from`` a later
+        exception, which could make its chain of causes a loop)."""
+        if self._failure is None:
+            self._failure = self._as_sync_error(exc)
+        self._telemetry.stopped()
+        if self._lifecycle.allows("fail"):
+            self._lifecycle.move("fail")
+        return self._failure
+
+    def _tell(self, exc: BaseException, closed: bool = False) -> None:
+        """Make sure this rank's failure is reported (``on_failure``) and that peers learn of
+        it: one round with this rank's abort flag while the wire is open (not after a peer's
+        abort, a round that agreed to stop, a collective that raised) and the runner was not
+        abandoned (``closed``). On the thread that runs rounds."""
+        error = self._as_sync_error(exc)
+        if self._on_failure is not None and not isinstance(exc, PeerAborted):
+            try:  # before the peers learn of it, so that their report can name this one
+                self._on_failure(error)
+            except Exception as hook_error:
+                error.add_note(f"(the failure hook failed too: {hook_error!r})")
+        wire: Wire = self._round.wire
+        if closed or wire.state is not WireState.OPEN:
+            return
+        with contextlib.suppress(BaseException):  # peers then hit the group's timeout
+            wire.allreduce(None, Control(abort=True))
+
+
+@dataclasses.dataclass(frozen=True)
+class FixedRateOptions:
+    """How a :class:`FixedRateSyncRunner` runs: a round every ``period`` steps, allreduces
+    split into collectives of at most ``chunk_bytes``, timed on ``clock``."""
+
+    period: int = 1
+    chunk_bytes: int | None = None
+    clock: Clock | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.period, bool) or not isinstance(self.period, int):
+            raise ValueError(f"period must be an int, got {self.period!r}")
+        check("period", self.period)
 
 
 class FixedRateSyncRunner(SyncRunner):
@@ -81,16 +277,13 @@ class FixedRateSyncRunner(SyncRunner):
     ``state_dict`` and ``load_state_dict`` may be called while running.
     """
 
-    def __init__(self, params: Sequence[Tensor], strategy: SyncStrategy,
-                 group: dist.ProcessGroup,
-                 *, period: int, chunk_bytes: int | None = None,
-                 clock: Clock | None = None) -> None:
-        if isinstance(period, bool) or not isinstance(period, int):
-            raise ValueError(f"period must be an int, got {period!r}")
-        check("period", period)
-        super().__init__(params, strategy, group, chunk_bytes=chunk_bytes, clock=clock,
-                         table=FIXED_RATE)
-        self._period = period
+    TABLE = FIXED_RATE
+
+    def __init__(self, replicas: Replicas, group: dist.ProcessGroup,
+                 options: FixedRateOptions = FixedRateOptions(),
+                 on_failure: OnFailure | None = None) -> None:
+        super().__init__(replicas, group, options.chunk_bytes, options.clock, on_failure)
+        self._period = options.period
 
     def step(self) -> None:
         self._move("step")
@@ -98,302 +291,18 @@ class FixedRateSyncRunner(SyncRunner):
         self._step_busy = not (steps - 1) % self._period
         if not self._step_busy:
             return
-        self._copy_live_to_snapshot()
+        self._round.snapshot()
         job = Job(steps, stop=False, given_at=self._clock.now())
         try:
-            delta, agreement = self._round(job)
+            result = self._round.exchange(job, Control())
         except Exception as exc:
             error = self._record_failure(exc)
             self._tell(exc)
             raise error  # noqa: B904 (its __cause__ is exc)
-        self._apply(Result(delta, None, job, agreement), steps)
+        self._round.apply(result, steps)
 
     def stop(self, final_sync: bool = True) -> None:
         self._move("stop")
         self._telemetry.stopped()
         if final_sync:
             self.consensus()
-
-
-class ShadowSyncRunner(SyncRunner):
-    """ShadowSync: rounds run on a background thread while training continues.
-
-    Zheng et al., "ShadowSync: Performing Synchronization in the Background for Highly Scalable
-    Distributed Training", arXiv:2003.03477. The thread owns communication and strategy math; the
-    training loop owns the parameters and the schedule. One round ``r`` (CUDA; on CPU there are
-    no streams and copies are synchronous):
-
-    ======  ===================  ===============  ==========================================
-    stage   thread               CUDA stream      work and ordering
-    ======  ===================  ===============  ==========================================
-    apply   training (step())    main             take round ``r-1``'s result; main waits its
-                                                  event; add the delta to the live params
-    copy    training (step())    side             at the scheduled step: side waits main;
-                                                  live -> snapshot; main waits side; give the
-                                                  job (:mod:`.handoff`)
-    train   training             main             steps continue; no sync work at all
-    reduce  sync thread          side             ``reduce_input(snapshot)`` + control slots;
-                                                  SUM-allreduce on the sync group
-    agree   sync thread          side (host sync) read stop, pause, abort flags; only this
-                                                  thread blocks
-    delta   sync thread          side             ``delta(snapshot, reduced)``; record event;
-                                                  post the result
-    ======  ===================  ===============  ==========================================
-
-    **Schedule.** A round *lands* at the step that applies it, or, with ``max_staleness`` K,
-    at its snapshot step + K (the same step on every rank; the K-th step waits for the round
-    if it is not done, ``shadowsync.wait``). The next snapshot is taken at the first step at
-    least the agreed pause after the landing step (0: the landing step itself, which then
-    applies one round and starts the next): with K, rounds start every K + pause steps
-    at the same steps on every rank, each hidden behind K steps of training; without, training
-    never waits. The pause is the ranks' mean proposal from their pacers (:mod:`.pacing`):
-    ``min_interval_s``, ``max_comm_share`` (with chunks, part of it between the chunks) and
-    ``max_slowdown`` (cost window ``slowdown_window``); none: back to back, so one boundary
-    applies a round and starts the next. A snapshot is taken only when a round starts, so
-    training pays one copy per round.
-
-    **Stopping.** :meth:`stop` lets the round in flight finish and applies it; unless that
-    round already agreed to stop (a peer's stop request), it runs one more round with its own
-    request, and every rank's thread leaves after the same round. The stop round's pause
-    carries over: after the next :meth:`start`, the first snapshot waits for it, so stopping
-    (say for a checkpoint) buys no unpaced round. With ``final_sync`` the strategy's consensus
-    follows. ``state_dict`` and ``load_state_dict`` only while stopped.
-
-    **Failures.** See the module docstring; ``deadline_s`` bounds how long a round may stay in
-    flight (a pause never counts) in :meth:`step`, in the K-th step's wait and in :meth:`stop`.
-    ``thread_nice`` raises the thread's nice value (Linux: per thread). ``pacers`` adds pacing
-    rules of one's own (:class:`~.pacing.Pacer`); ``clock`` replaces the real clock (tests:
-    :class:`~.clock.ManualClock`).
-
-    Example::
-
-        group = new_sync_group()
-        broadcast_(list(model.parameters()))
-        runner = ShadowSyncRunner(list(model.parameters()), ModelAveraging(), group,
-                                  max_slowdown=0.05)
-        runner.start()
-        for x, y in data:
-            loss_fn(model(x), y).backward(); opt.step(); opt.zero_grad()
-            runner.step()
-        runner.stop(final_sync=True)
-    """
-
-    def __init__(self, params: Sequence[Tensor], strategy: SyncStrategy,
-                 group: dist.ProcessGroup,
-                 *, min_interval_s: float = 0.0, max_comm_share: float = 1.0,
-                 max_slowdown: float | None = None, slowdown_window: int = 128,
-                 deadline_s: float | None = None, chunk_bytes: int | None = None,
-                 thread_nice: int = 0, max_staleness: int | None = None,
-                 pacers: Sequence[Pacer] = (), clock: Clock | None = None) -> None:
-        check("slowdown_window", slowdown_window)
-        check("thread_nice", thread_nice)
-        check("max_staleness", max_staleness)
-        check("timeout_s", deadline_s, "deadline_s")
-        rules = list(pacers)
-        if min_interval_s:
-            rules.append(Interval(min_interval_s))
-        check("max_comm_share", max_comm_share)
-        if max_comm_share < 1:
-            rules.append(CommShare(max_comm_share))
-        if max_slowdown is not None:
-            rules.append(SlowdownPacer(max_slowdown, cost_window=slowdown_window))
-        check("min_interval_s", min_interval_s)
-        super().__init__(params, strategy, group, chunk_bytes=chunk_bytes, clock=clock)
-        self._pacing = Pacing(rules)
-        self._deadline_s = deadline_s
-        self._thread_nice = thread_nice
-        self._max_staleness = max_staleness
-        self._wait_seconds = 0.0
-        if self._device.type == "cuda":
-            self._stream = torch.cuda.Stream(self._device)
-        self._handoff = HandOff(self._clock)
-        self._thread: threading.Thread | None = None
-        self._last_round: RoundTimes | None = None  # sync thread: for the next proposal
-        self._chunk_s = (0.0, 0.0)  # sync thread: (own fastest chunk, agreed) of last round
-        self._step_began: float | None = None
-        self._step_began_round = False
-        # A round agreed to stop (this rank's stop round, or a peer's that met a round of
-        # this rank's): the thread has left, and no round starts until the next start().
-        self._agreed_stop = False
-
-    @property
-    def _pacer(self) -> SlowdownPacer | None:
-        return self._pacing.slowdown
-
-    def _mode_stats(self) -> dict[str, float]:
-        stats = {} if self._max_staleness is None else {"wait_seconds": self._wait_seconds}
-        pacer = self._pacing.slowdown
-        if pacer is not None:
-            stats.update(round_cost=pacer.round_cost(), busy_share=pacer.busy_share(),
-                         round_steps=pacer.round_steps())
-        return stats
-
-    def start(self) -> None:
-        super().start()
-        self._handoff = HandOff(self._clock)
-        self._step_began = None
-        self._agreed_stop = False
-        self._pacing.interrupt()
-        self._thread = threading.Thread(target=self._thread_main, daemon=True,
-                                        name=f"shadowsync-rank{self._rank}")
-        self._thread.start()
-
-    def step(self) -> None:
-        """Step boundary: apply a finished round (with ``max_staleness``, wait for it at its
-        K-th step), then take a snapshot if one is due. Raises :class:`SyncError` if the thread
-        failed, a peer aborted, or a round stayed in flight past ``deadline_s``."""
-        self._move("step")
-        self._raise_if_failed()
-        counters = self._telemetry.counters
-        step = counters.steps = counters.steps + 1
-        now = self._clock.now()
-        if self._step_began is not None:
-            self._pacing.observe(now - self._step_began, self._step_busy, self._step_began_round)
-        self._step_began = now
-        busy = self._land(step, wait=False) is not None
-        self._step_began_round = (not self._agreed_stop and self._handoff.in_flight is None
-                                  and step >= counters.next_snapshot)
-        if self._step_began_round:
-            self._give(step, stop=False)
-        self._step_busy = busy or self._handoff.in_flight is not None
-
-    def stop(self, final_sync: bool = True) -> None:
-        self._move("stop")
-        try:
-            step = self._telemetry.counters.steps
-            self._land(step, wait=True)
-            if not self._agreed_stop:
-                self._give(step, stop=True)
-                self._land(step, wait=True)
-            if not self._handoff.wait_finished(self._deadline(self._clock.now())):
-                raise TimeoutError(f"the sync thread did not leave after the stop round "
-                                   f"within {self._deadline_s} s")
-            self._raise_if_failed()
-        except Exception as exc:
-            raise self._record_failure(exc)  # noqa: B904 (the first failure, with its cause)
-        self._telemetry.stopped()
-        self._thread = None
-        self._pacing.interrupt()
-        if final_sync:
-            self.consensus()
-
-    def abandon(self) -> None:
-        """See :meth:`SyncRunner.abandon`. A thread waiting for a job leaves at once; one
-        inside a collective leaves when its group's timeout expires; one stuck elsewhere (a
-        stalled strategy) is left behind, a daemon holding nothing training needs."""
-        self._handoff.close()
-        super().abandon()
-        self._thread = None
-
-    # ------------------------------------------------------------------ training-thread side
-    def _deadline(self, since: float) -> float | None:
-        return None if self._deadline_s is None else since + self._deadline_s
-
-    def _raise_if_failed(self) -> None:
-        error = self._handoff.error
-        if error is not None:
-            raise self._record_failure(error)  # noqa: B904 (its __cause__ is error)
-
-    def _land(self, step: int, wait: bool) -> Result | None:
-        """Applies the round in flight if it is done, waiting for it if ``wait`` or at its
-        K-th step, and schedules the next snapshot; returns it (None: nothing applied).
-        Raises if the thread failed or the round stayed in flight past the deadline."""
-        job = self._handoff.in_flight
-        if job is None:
-            return None
-        result = self._handoff.take()
-        k = self._max_staleness
-        must = wait or (k is not None and step - job.step >= k)
-        deadline = self._deadline(job.given_at)
-        if result is None and must:
-            began = self._clock.now()
-            with record_function("shadowsync.wait"):
-                result = self._handoff.wait_result(deadline)
-            if not wait:
-                self._wait_seconds += self._clock.now() - began
-        if result is None:
-            self._raise_if_failed()
-            if must or (deadline is not None and self._clock.now() > deadline):
-                self._handoff.fail(self._stalled(job, self._wire.in_collective))
-                self._raise_if_failed()
-            return None
-        self._apply(result, step)
-        landed = step if k is None else job.step + k
-        self._telemetry.counters.next_snapshot = landed + result.agreement.pause_steps
-        self._agreed_stop = result.agreement.stop
-        return result
-
-    def _stalled(self, job: Job, in_collective: bool) -> RoundStalled:
-        return RoundStalled(
-            f"round {self._telemetry.counters.rounds + 1} stalled: in flight for more than "
-            f"{self._deadline_s} s (snapshot of step {job.step})", in_collective)
-
-    def own_stall(self) -> SyncError | None:
-        """Any thread, changing nothing: this rank's round in flight, if it stayed past
-        ``deadline_s`` short of its collective (a stall of this rank's own), as training
-        would raise it at its next call; else None. Training may never make that call: it
-        can sit in a collective with a peer that found its round waiting for this one's and
-        stopped."""
-        job = self._handoff.unanswered()
-        deadline = None if job is None else self._deadline(job.given_at)
-        if job is None or deadline is None or self._clock.now() <= deadline \
-                or self._wire.in_collective:
-            return None
-        return self._as_sync_error(self._stalled(job, in_collective=False))
-
-    def _give(self, step: int, stop: bool) -> None:
-        with record_function("shadowsync.snapshot"):
-            self._copy_live_to_snapshot()
-        self._handoff.give(Job(step, stop, self._clock.now()))
-
-    # ------------------------------------------------------------------ sync-thread side
-    def _thread_main(self) -> None:
-        error: BaseException | None = None
-        handoff = self._handoff  # this thread's, even if a restart makes a new one
-        try:
-            if self._thread_nice:
-                # Linux schedules threads one by one: this lowers the sync thread alone.
-                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(),
-                               os.getpriority(os.PRIO_PROCESS, 0) + self._thread_nice)
-            with self._thread_streams():
-                try:
-                    self._serve(handoff)
-                except BaseException as exc:  # the abort round runs on the side stream too
-                    error = exc
-                    handoff.fail(exc)
-                    self._tell(exc, closed=handoff.closed)
-        except BaseException as exc:  # the nice value or the stream itself
-            error = error or exc
-        finally:
-            handoff.finish(error)
-
-    def _thread_streams(self) -> contextlib.AbstractContextManager[object]:
-        """The side stream (and its device) as the thread's current ones; nothing on CPU."""
-        stack = contextlib.ExitStack()
-        if self._stream is not None:
-            stack.enter_context(torch.cuda.device(self._device))
-            stack.enter_context(torch.cuda.stream(self._stream))
-        return stack
-
-    def _serve(self, handoff: HandOff) -> None:
-        """Runs a round per job until a round agrees to stop or the hand-off closes."""
-        comm_share = self._pacing.comm_share
-        while (job := handoff.next_job()) is not None:
-            began = self._clock.now()
-            own_chunk, agreed_chunk = self._chunk_s
-            between = None if comm_share is None else functools.partial(
-                _pause_between_chunks, handoff, comm_share.between_chunks(agreed_chunk))
-            delta, agreement = self._round(job, self._pacing.pause_steps(self._last_round),
-                                           own_chunk, between)
-            self._last_round = RoundTimes(self._clock.now() - began, agreement.paused_s)
-            self._chunk_s = (agreement.fastest_chunk_s, agreement.chunk_s)
-            ready = self._stream.record_event() if self._stream is not None else None
-            handoff.post(Result(delta, ready, job, agreement))
-            if agreement.stop:
-                return
-
-
-def _pause_between_chunks(handoff: HandOff, seconds: float, _fastest_s: float) -> float:
-    """Leaves the link to training's traffic for ``seconds`` (the ranks' agreed chunk time
-    times ``1 / max_comm_share - 1``) after a chunk; returns the seconds paused."""
-    return handoff.sleep(seconds)

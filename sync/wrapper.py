@@ -31,20 +31,17 @@ from shadowsync.sync.baselines import (
     dense_parameters,
 )
 from shadowsync.sync.config import SyncConfig
-from shadowsync.sync.runner import (
-    FixedRateSyncRunner,
-    NonFiniteError,
-    ShadowSyncRunner,
-    SyncError,
-    SyncRunner,
-    average_,
-    new_sync_group,
-)
+from shadowsync.sync.errors import FailureSink, NonFiniteError, SyncError
+from shadowsync.sync.machine import Machine
+from shadowsync.sync.protocol import average_, new_sync_group
+from shadowsync.sync.round import ReplicaSet
+from shadowsync.sync.runner import FixedRateOptions, FixedRateSyncRunner, SyncRunner
+from shadowsync.sync.shadow import ShadowOptions, ShadowSyncRunner
 from shadowsync.sync.strategies import SyncStrategy
 
-__all__ = ["DDPReplicas", "LocalReplicas", "PeriodicAveragerReplicas", "Phase", "ReplicaHooks",
-           "ShadowSyncReplicas", "build_replica_wrapper", "data_parallel_table_parameters",
-           "dense_parameters", "make_strategy"]
+__all__ = ["PHASES", "DDPReplicas", "LocalReplicas", "PeriodicAveragerReplicas", "Phase",
+           "ReplicaHooks", "ShadowSyncReplicas", "build_replica_wrapper",
+           "data_parallel_table_parameters", "dense_parameters", "make_strategy"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,10 +56,12 @@ def make_strategy(cfg: SyncConfig) -> SyncStrategy:
     return strategy
 
 
-def build_replica_wrapper(cfg: SyncConfig) -> LocalReplicas | DDPReplicas:
+def build_replica_wrapper(cfg: SyncConfig, failures: FailureSink | None = None,
+                          ) -> LocalReplicas | DDPReplicas:
     """The data-parallel wrapper for ``sync.strategy`` (see
     :data:`~shadowsync.sync.config.ALGORITHMS`): a ShadowSync strategy runs in
-    :class:`ShadowSyncReplicas`, a baseline is its own wrapper.
+    :class:`ShadowSyncReplicas`, which reports its own failures to ``failures``; a baseline
+    is its own wrapper.
 
     Example::
 
@@ -71,13 +70,13 @@ def build_replica_wrapper(cfg: SyncConfig) -> LocalReplicas | DDPReplicas:
     """
     cfg.validate()
     if cfg.algorithm.strategy:
-        return ShadowSyncReplicas.from_config(cfg)
+        return ShadowSyncReplicas.from_config(cfg, failures)
     wrapper: LocalReplicas | DDPReplicas = cfg.algorithm.load().from_config(cfg)
     return wrapper
 
 
 class Phase(enum.Enum):
-    """Where a :class:`ShadowSyncReplicas` is in its lifecycle (see its transition table)."""
+    """Where a :class:`ShadowSyncReplicas` is in its lifecycle (see :data:`PHASES`)."""
 
     UNWRAPPED = "unwrapped"  # built; DistributedModelParallel has not wrapped it yet
     RUNNING = "running"  # the runner synchronizes (in the background or every period steps)
@@ -88,13 +87,44 @@ class Phase(enum.Enum):
     ABANDONED = "abandoned"  # training failed; the runner was dropped without a collective
 
 
+_P = Phase
+# The calls each phase allows and where they lead; ``fail`` (a round failed, with degrade)
+# and ``rejoin`` (the rejoin step) are what ``after_step`` moves on to.
+PHASES: dict[tuple[Phase, str], Phase] = {
+    (_P.UNWRAPPED, "wrap"): _P.RUNNING,
+    (_P.UNWRAPPED, "close"): _P.UNWRAPPED,
+    (_P.RUNNING, "after_step"): _P.RUNNING,
+    (_P.RUNNING, "fail"): _P.FAILED,
+    (_P.RUNNING, "degrade"): _P.DEGRADED,
+    (_P.RUNNING, "pause"): _P.PAUSED,
+    (_P.RUNNING, "finish"): _P.FINISHED,
+    (_P.FAILED, "after_step"): _P.FAILED,
+    (_P.FAILED, "degrade"): _P.DEGRADED,
+    (_P.FAILED, "pause"): _P.PAUSED,
+    (_P.FAILED, "finish"): _P.FINISHED,
+    (_P.DEGRADED, "after_step"): _P.DEGRADED,
+    (_P.DEGRADED, "rejoin"): _P.RUNNING,
+    (_P.DEGRADED, "degrade"): _P.DEGRADED,
+    (_P.DEGRADED, "pause"): _P.PAUSED,
+    (_P.DEGRADED, "finish"): _P.FINISHED,
+    (_P.PAUSED, "pause"): _P.PAUSED,
+    (_P.PAUSED, "resume"): _P.RUNNING,
+    (_P.PAUSED, "finish"): _P.FINISHED,
+    **{(_P.FINISHED, c): _P.FINISHED for c in ("pause", "resume", "finish", "close")},
+    **{(p, "abandon"): _P.ABANDONED for p in Phase},
+}
+
+
 class ShadowSyncReplicas(LocalReplicas):
     """Local replicas kept close by a :class:`~shadowsync.sync.runner.SyncRunner`.
 
     ``sync.schedule.mode: shadow`` runs the strategy on a background thread with its own
     process group (the training loop only adds finished deltas between steps); ``fixed_rate``
     runs the same strategy blocking every ``period`` steps. The runner starts inside
-    :meth:`wrap`, right after the broadcast that makes the replicas identical.
+    :meth:`wrap`, right after the broadcast that makes the replicas identical. This rank's own
+    failures go to ``failures`` (the trainer's fault domain) as they happen: a failure that
+    will stop training (``on_failure: raise``, or a non-finite replica) to its ``claim``, and
+    :meth:`own_stall` is registered with its ``watch_sync``.
 
     **Failures** (``sync.failure.on_failure``), wherever they surface:
 
@@ -123,31 +153,39 @@ class ShadowSyncReplicas(LocalReplicas):
                             leaves
     ======================  ===========================  ======================================
 
-    Lifecycle (:class:`Phase`); a call not listed for a phase raises ``RuntimeError``:
+    Lifecycle (:data:`PHASES`, checked against this table by a test); a call a phase does not
+    list raises ``RuntimeError``:
 
-    ==========  ==================================  ==========================================
-    phase       call                                next phase
-    ==========  ==================================  ==========================================
-    UNWRAPPED   ``wrap`` (DMP)                      RUNNING
-    RUNNING     ``after_step``                      RUNNING; FAILED on a SyncError (degrade)
-    RUNNING     ``degrade`` (a peer failed)         DEGRADED (runner abandoned)
-    RUNNING     ``pause``                           PAUSED (runner stopped, consensus if
-                                                    asked); a failure there (degrade): the
-                                                    ranks agree, merge, PAUSED
-    RUNNING     ``finish``                          FINISHED (as ``pause`` with consensus)
-    FAILED      ``after_step``                      FAILED (the local replica trains on)
-    FAILED      ``degrade``                         DEGRADED (runner abandoned)
-    FAILED      ``pause`` / ``finish``              the ranks agree, merge, PAUSED / FINISHED
-    DEGRADED    ``after_step``                      DEGRADED; RUNNING at the rejoin step
-    DEGRADED    ``degrade``                         DEGRADED (the rejoin step moves on)
-    DEGRADED    ``pause`` / ``finish``              merge, then PAUSED / FINISHED
-    PAUSED      ``pause``                           PAUSED
-    PAUSED      ``resume``                          RUNNING (runner restarted)
-    PAUSED      ``finish``                          FINISHED
-    FINISHED    ``pause`` / ``resume`` / ``finish``  FINISHED
-    FINISHED    ``close``                           FINISHED (its groups destroyed)
-    any         ``abandon``                         ABANDONED (runner dropped, no collective)
-    ==========  ==================================  ==========================================
+    ==========  ==============  ==================================================
+    phase       call            next phase
+    ==========  ==============  ==================================================
+    UNWRAPPED   ``wrap``        RUNNING (DMP wraps it; the runner starts)
+    UNWRAPPED   ``close``       UNWRAPPED
+    RUNNING     ``after_step``  RUNNING
+    RUNNING     ``fail``        FAILED: ``after_step`` met a SyncError (degrade)
+    RUNNING     ``degrade``     DEGRADED: a peer failed; the runner is abandoned
+    RUNNING     ``pause``       PAUSED: the runner stopped, consensus if asked; on
+                                a failure there (degrade) the ranks agree, degrade
+                                and merge first
+    RUNNING     ``finish``      FINISHED: a pause with consensus
+    FAILED      ``after_step``  FAILED: the local replica trains on
+    FAILED      ``degrade``     DEGRADED: the runner is abandoned
+    FAILED      ``pause``       PAUSED: the ranks agree, degrade and merge
+    FAILED      ``finish``      FINISHED: the same, then finished
+    DEGRADED    ``after_step``  DEGRADED
+    DEGRADED    ``rejoin``      RUNNING: ``after_step`` at the rejoin step merges
+    DEGRADED    ``degrade``     DEGRADED: the rejoin step moves on
+    DEGRADED    ``pause``       PAUSED: merged first
+    DEGRADED    ``finish``      FINISHED: merged first
+    PAUSED      ``pause``       PAUSED
+    PAUSED      ``resume``      RUNNING: the runner restarts
+    PAUSED      ``finish``      FINISHED
+    FINISHED    ``pause``       FINISHED
+    FINISHED    ``resume``      FINISHED
+    FINISHED    ``finish``      FINISHED
+    FINISHED    ``close``       FINISHED: its groups are destroyed
+    any         ``abandon``     ABANDONED: the runner dropped, no collective
+    ==========  ==============  ==================================================
 
     Example::
 
@@ -159,38 +197,41 @@ class ShadowSyncReplicas(LocalReplicas):
         wrapper.finish()          # every rank: stop, final sync, replicas identical
     """
 
-    def __init__(self, cfg: SyncConfig) -> None:
+    def __init__(self, cfg: SyncConfig, failures: FailureSink | None = None) -> None:
         super().__init__()
         self.cfg = cfg
         self.runner: SyncRunner | None = None
-        self.phase = Phase.UNWRAPPED
+        self._phases = Machine(PHASES, Phase.UNWRAPPED, lambda phase, call: (
+            f"ShadowSyncReplicas.{call}() in phase {phase.name} "
+            f"(allowed in {[p.name for p in self._phases.states(call)]})"))
+        self._failures = failures
         self._device = torch.device("cpu")
         self._steps = 0
         self._steps_since_consensus = 0
         self._rejoin_at = 0  # the step of the rejoin, in DEGRADED
-        self._failures = 0
+        self._failure_count = 0
         self._groups: list[dist.ProcessGroup] = []
+        if failures is not None:
+            failures.watch_sync(self.own_stall)
 
     @classmethod
-    def from_config(cls, cfg: SyncConfig) -> ShadowSyncReplicas:
+    def from_config(cls, cfg: SyncConfig,
+                    failures: FailureSink | None = None) -> ShadowSyncReplicas:
         make_strategy(cfg)  # fail on a bad setting before any collective
-        return cls(cfg)
+        return cls(cfg, failures)
 
-    def _expect(self, call: str, *phases: Phase) -> None:
-        if self.phase not in phases:
-            raise RuntimeError(f"ShadowSyncReplicas.{call}() in phase {self.phase.name} "
-                               f"(allowed in {[p.name for p in phases]})")
+    @property
+    def phase(self) -> Phase:
+        return self._phases.state
 
     def wrap(self, dmp: DistributedModelParallel, env: ShardingEnv, device: torch.device) -> None:
-        self._expect("wrap", Phase.UNWRAPPED)
-        if self.cfg.transport.backend == "nccl" and device.type != "cuda":
-            raise ValueError(f"sync.transport.backend=nccl needs CUDA; this rank trains on "
-                             f"{device.type}: use sync.transport.backend=gloo")
+        self._phases.check("wrap")
+        self.cfg.check_device(device.type)
         super().wrap(dmp, env, device)
         self._device = device
         self.runner = self._new_runner(self._new_group())
         self.runner.start()
-        self.phase = Phase.RUNNING
+        self._phases.move("wrap")
 
     def _new_group(self) -> dist.ProcessGroup:
         """A fresh sync group (collective)."""
@@ -203,38 +244,35 @@ class ShadowSyncReplicas(LocalReplicas):
     def _new_runner(self, group: dist.ProcessGroup) -> SyncRunner:
         """A runner of the configured mode on ``group``, not started."""
         cfg, schedule = self.cfg, self.cfg.schedule
-        params = list(self.params.values())
-        runner: SyncRunner
+        replicas = ReplicaSet(list(self.params.values()), make_strategy(cfg))
+        report = None if self._failures is None else self._report
         if schedule.mode == "fixed_rate":
-            runner = FixedRateSyncRunner(params, make_strategy(cfg), group,
-                                         period=schedule.period, chunk_bytes=cfg.chunk_bytes)
-        else:
-            runner = ShadowSyncRunner(
-                params, make_strategy(cfg), group,
-                min_interval_s=schedule.min_interval_s,
-                max_comm_share=schedule.max_comm_share or 1.0,
-                max_slowdown=schedule.max_slowdown,
-                slowdown_window=schedule.slowdown_window,
-                deadline_s=cfg.failure.timeout_s,
-                chunk_bytes=cfg.chunk_bytes,
-                thread_nice=cfg.transport.thread_nice,
-                max_staleness=schedule.max_staleness,
-            )
-        runner.on_failure = self._report
-        return runner
+            return FixedRateSyncRunner(replicas, group, FixedRateOptions(
+                period=schedule.period, chunk_bytes=cfg.chunk_bytes), report)
+        return ShadowSyncRunner(replicas, group, ShadowOptions(
+            min_interval_s=schedule.min_interval_s,
+            max_comm_share=schedule.max_comm_share or 1.0,
+            max_slowdown=schedule.max_slowdown,
+            slowdown_window=schedule.slowdown_window,
+            deadline_s=cfg.failure.timeout_s,
+            chunk_bytes=cfg.chunk_bytes,
+            thread_nice=cfg.transport.thread_nice,
+            max_staleness=schedule.max_staleness,
+        ), report)
 
     def close(self) -> None:
         """Destroys every sync group made (the first, and one per merge); after :meth:`finish`
         on every rank: no runner is running, so none of them is in use."""
-        self._expect("close", Phase.FINISHED, Phase.UNWRAPPED)
+        self._phases.move("close")
         for group in self._groups:
             dist.destroy_process_group(group)
         self._groups.clear()
 
     def _report(self, error: SyncError) -> None:
-        if self.failure_hook is not None and (self.cfg.failure.on_failure == "raise"
-                                              or isinstance(error, NonFiniteError)):
-            self.failure_hook(error)
+        """The runner's failure hook: what will stop training goes to the fault domain."""
+        if self._failures is not None and (self.cfg.failure.on_failure == "raise"
+                                           or isinstance(error, NonFiniteError)):
+            self._failures.claim(error)
 
     def _runner(self) -> SyncRunner:
         if self.runner is None:
@@ -249,22 +287,23 @@ class ShadowSyncReplicas(LocalReplicas):
         logger.warning("%s; training the local replica (sync.failure.on_failure=degrade)", error)
 
     def after_step(self) -> None:
-        self._expect("after_step", Phase.RUNNING, Phase.FAILED, Phase.DEGRADED)
+        self._phases.check("after_step")
         self._steps += 1
         self._steps_since_consensus += 1
-        if self.phase is Phase.DEGRADED:
-            if self._steps >= self._rejoin_at:
-                self._merge()
-                self._runner().start()
-                self.phase = Phase.RUNNING
+        phase = self.phase
+        if phase is Phase.DEGRADED and self._steps >= self._rejoin_at:
+            self._merge()
+            self._runner().start()
+            self._phases.move("rejoin")
             return
-        if self.phase is Phase.FAILED:
-            return
-        try:
-            self._runner().step()
-        except SyncError as e:
-            self._tolerate(e)
-            self.phase = Phase.FAILED
+        if phase is Phase.RUNNING:
+            try:
+                self._runner().step()
+            except SyncError as e:
+                self._tolerate(e)
+                self._phases.move("fail")
+                return
+        self._phases.move("after_step")
 
     def failed(self) -> bool:
         return self.phase is Phase.FAILED
@@ -273,17 +312,20 @@ class ShadowSyncReplicas(LocalReplicas):
         return None if self.runner is None else self.runner.failure()
 
     def own_stall(self) -> BaseException | None:
-        if self.cfg.failure.on_failure != "raise" or self.runner is None \
+        """Any thread: see :meth:`~.runner.SyncRunner.own_stall`; with ``degrade`` the ranks
+        agree on a stall where training finds it instead (None)."""
+        runner = self.runner
+        if self.cfg.failure.on_failure != "raise" or runner is None \
                 or self.phase is not Phase.RUNNING:
-            return None  # with degrade, the ranks agree on a stall where training finds it
-        return self.runner.own_stall()
+            return None
+        return runner.own_stall()
 
     def degrade(self, ranks: list[int]) -> None:
-        self._expect("degrade", Phase.RUNNING, Phase.FAILED, Phase.DEGRADED)
+        self._phases.check("degrade")
         if self.phase is not Phase.DEGRADED:
             self._runner().abandon()
-            self._failures += 1
-        self.phase = Phase.DEGRADED
+            self._failure_count += 1
+        self._phases.move("degrade")
         self._rejoin_at = self._steps + self.cfg.failure.rejoin_after_steps
         if self.group is None or dist.get_rank(self.group) == 0:
             logger.warning(
@@ -309,9 +351,9 @@ class ShadowSyncReplicas(LocalReplicas):
                     dist.get_rank())
 
     def pause(self, consensus: bool) -> None:
-        self._expect("pause", Phase.RUNNING, Phase.FAILED, Phase.DEGRADED, Phase.PAUSED,
-                     Phase.FINISHED)
+        self._phases.check("pause")
         if self.phase in (Phase.PAUSED, Phase.FINISHED):
+            self._phases.move("pause")
             return
         if self.phase is not Phase.DEGRADED:
             failed = self.phase is Phase.FAILED
@@ -327,35 +369,35 @@ class ShadowSyncReplicas(LocalReplicas):
                     self.degrade(ranks)
         if self.phase is Phase.DEGRADED:
             self._merge()
-        else:
-            # A consensus right after another (say a checkpoint at the last step, then
-            # finish()) would be a second round on identical replicas; BMUF's still moves them.
-            if consensus and self.cfg.schedule.final_sync and self._steps_since_consensus > 0:
-                self._runner().consensus()
-                self._steps_since_consensus = 0
-        self.phase = Phase.PAUSED
+        # A consensus right after another (say a checkpoint at the last step, then
+        # finish()) would be a second round on identical replicas; BMUF's still moves them.
+        elif consensus and self.cfg.schedule.final_sync and self._steps_since_consensus > 0:
+            self._runner().consensus()
+            self._steps_since_consensus = 0
+        self._phases.move("pause")
 
     def resume(self) -> None:
-        self._expect("resume", Phase.PAUSED, Phase.FINISHED)
+        self._phases.check("resume")
         if self.phase is Phase.PAUSED:
             self._runner().start()
-            self.phase = Phase.RUNNING
+        self._phases.move("resume")
 
     def finish(self) -> None:
+        self._phases.check("finish")
         self.pause(consensus=True)
-        self.phase = Phase.FINISHED
+        self._phases.move("finish")
 
     def abandon(self) -> None:
         if self.runner is not None and self.phase is not Phase.ABANDONED:
             self.runner.abandon()
-        self.phase = Phase.ABANDONED
+        self._phases.move("abandon")
 
     def stats(self) -> dict[str, float]:
         """The runner's telemetry; a statistic not defined yet (NaN: no sync so far, no
         accepted-slowdown pacer) is left out rather than reported as a number."""
         s = dataclasses.asdict(self._runner().stats())
         return {**{k: float(v) for k, v in s.items() if not math.isnan(v)},
-                "failures": float(self._failures)}
+                "failures": float(self._failure_count)}
 
     def state_dict(self) -> dict[str, Any]:
         return self._runner().state_dict()

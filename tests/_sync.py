@@ -10,7 +10,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from shadowsync.sync.runner import ShadowSyncRunner, SyncError
+from shadowsync.sync.errors import SyncError
+from shadowsync.sync.shadow import ShadowSyncRunner
 
 IN_DIM = 8
 

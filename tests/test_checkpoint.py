@@ -206,7 +206,7 @@ def test_shadow_resume_restores_the_checkpoint_exactly(world: World) -> None:
     in_dcp = dcp.FileSystemReader(str(ckpt)).read_metadata().state_dict_metadata
     assert not {f"model.{k}" for k in files[0]["dense"]} & set(in_dcp)  # each tensor once
     assert any(k.startswith("model.") for k in in_dcp)  # the tables are there
-    _assert_equal(files[0]["sync"]["strategy"], files[1]["sync"]["strategy"], "strategy")
+    _assert_equal(files[0]["sync"]["strategies"], files[1]["sync"]["strategies"], "strategies")
     assert files[0]["sync"]["counters"]["rounds"] > 0, files[0]["sync"]  # rounds ran
     for rank, (r, local) in enumerate(zip(results, files, strict=True)):
         for name, value in local["dense"].items():  # the consensus, on every rank

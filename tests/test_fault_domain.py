@@ -14,7 +14,7 @@ from shadowsync.pipelines.fault_domain import (
     failure_message,
 )
 from shadowsync.pipelines.faults import PeerFailed, is_consequence, waits_on_a_peer
-from shadowsync.sync.protocol import CollectiveFailed, RoundStalled, SyncError
+from shadowsync.sync.errors import CollectiveFailed, RoundStalled, SyncError
 
 
 def _caused(exc: BaseException, cause: BaseException) -> BaseException:

@@ -29,20 +29,18 @@ from torch import Tensor
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 
 from shadowsync.sync.config import SyncConfig
-from shadowsync.sync.runner import (
-    FixedRateSyncRunner,
-    ShadowSyncRunner,
-    SyncError,
-    SyncStats,
-    broadcast_,
-    new_sync_group,
-)
+from shadowsync.sync.errors import SyncError
+from shadowsync.sync.protocol import broadcast_, new_sync_group
+from shadowsync.sync.round import ReplicaSet
+from shadowsync.sync.runner import FixedRateOptions, FixedRateSyncRunner
+from shadowsync.sync.shadow import ShadowOptions, ShadowSyncRunner
 from shadowsync.sync.strategies import (
     BlockwiseModelUpdateFiltering,
     ElasticAveraging,
     ModelAveraging,
     SyncStrategy,
 )
+from shadowsync.sync.telemetry import SyncStats
 from shadowsync.sync.wrapper import ShadowSyncReplicas
 from shadowsync.testing import run_ranks
 from tests._sync import (
@@ -117,10 +115,11 @@ def _matrix(rank: int, world_size: int, switch_interval: float) -> dict[str, dic
             made = STRATEGIES[strategy](wire_dtype=WIRES[wire])
             runner: ShadowSyncRunner | FixedRateSyncRunner
             if schedule.startswith("fixed"):
-                runner = FixedRateSyncRunner(params, made, group, period=3, chunk_bytes=chunk)
+                runner = FixedRateSyncRunner(ReplicaSet(params, made), group,
+                                             FixedRateOptions(period=3, chunk_bytes=chunk))
             else:
-                runner = Recording(params, made, group, max_staleness=k, chunk_bytes=chunk,
-                                   deadline_s=30.0, **SCHEDULES[schedule])
+                runner = Recording(ReplicaSet(params, made), group, ShadowOptions(
+                    max_staleness=k, chunk_bytes=chunk, deadline_s=30.0, **SCHEDULES[schedule]))
             began = time.perf_counter()
             runner.start()
             for step, (x, y) in enumerate(data, start=1):
@@ -176,8 +175,8 @@ def _staleness_with_local_pauses(rank: int, world_size: int) -> dict[str, list[i
     for name, pacing in [("comm share 0.1", {"max_comm_share": 0.1}),
                          ("min interval 0.05 s", {"min_interval_s": 0.05})]:
         model = make_model()
-        runner = Recording(list(model.parameters()), ModelAveraging(), group, max_staleness=1,
-                           deadline_s=60.0, **pacing)
+        runner = Recording(ReplicaSet(list(model.parameters()), ModelAveraging()), group,
+                           ShadowOptions(max_staleness=1, deadline_s=60.0, **pacing))
         runner.start()
         for step, (x, y) in enumerate(rank_data(rank, 200), start=1):
             train_step(model, x, y)
@@ -210,8 +209,8 @@ def _small_sync_group(rank: int, world_size: int) -> str | None:
                 raise RuntimeError("injected on rank 2")
             return super().reduce_input(snapshot)
 
-    runner = ShadowSyncRunner(list(make_model().parameters()), FailsOnRank2(), group,
-                              max_staleness=1, deadline_s=20.0)
+    runner = ShadowSyncRunner(ReplicaSet(list(make_model().parameters()), FailsOnRank2()), group,
+                              ShadowOptions(max_staleness=1, deadline_s=20.0))
     runner.start()
     try:
         for _ in range(10):
@@ -291,7 +290,7 @@ def _failure(rank: int, world_size: int, kind: str, place: str,
 
     def arm() -> None:
         assert wrapper.runner is not None
-        wrapper.runner.strategy.arm()  # type: ignore[attr-defined]
+        wrapper.runner.replicas[0].strategy.arm()  # type: ignore[attr-defined]
 
     raised: SyncError | None = None
     began = time.perf_counter()
@@ -381,8 +380,8 @@ def fixed_rate_vs_periodic_model_averager(rank: int, world_size: int) -> dict[st
     """Same model, data and seeds: FixedRateSyncRunner(MA) next to PeriodicModelAverager."""
     ours, theirs = make_model(), make_model()
     broadcast_(list(ours.parameters()))
-    runner = FixedRateSyncRunner(list(ours.parameters()), ModelAveraging(), new_sync_group(),
-                                 period=PERIOD)
+    runner = FixedRateSyncRunner(ReplicaSet(list(ours.parameters()), ModelAveraging()),
+                                 new_sync_group(), FixedRateOptions(period=PERIOD))
     averager = PeriodicModelAverager(period=PERIOD, warmup_steps=0)
     runner.start()
     max_diff, spreads = 0.0, []
@@ -434,7 +433,8 @@ def _shadow(rank: int, world_size: int) -> dict[str, Any]:
     for name, (make, pacing) in SHADOW_RUNS.items():
         model = make_model()
         runner = None if make is None else ShadowSyncRunner(
-            list(model.parameters()), make(), group, deadline_s=20.0, **pacing)
+            ReplicaSet(list(model.parameters()), make()), group,
+            ShadowOptions(deadline_s=20.0, **pacing))
         if runner is not None:
             runner.start()
         for step, (x, y) in enumerate(rank_data(rank, SHADOW_STEPS), start=1):
@@ -497,9 +497,10 @@ def _fault(rank: int, world_size: int) -> dict[str, Any]:
     """Rank 0's strategy fails in round 3, after that round's allreduce: the abort round
     pairs with rank 1's next round, which fails naming rank 0."""
     model = make_model()
-    runner = ShadowSyncRunner(list(model.parameters()), FaultyAveraging(
-        3 if rank == 0 else None), new_sync_group(timeout=timedelta(seconds=20)),
-        max_staleness=1, deadline_s=20.0)
+    runner = ShadowSyncRunner(
+        ReplicaSet(list(model.parameters()), FaultyAveraging(3 if rank == 0 else None)),
+        new_sync_group(timeout=timedelta(seconds=20)),
+        ShadowOptions(max_staleness=1, deadline_s=20.0))
     runner.start()
     error, steps = train_until_sync_error(model, runner, rank, 50)
     with pytest.raises(SyncError):
@@ -522,8 +523,9 @@ def test_a_fault_in_the_thread_surfaces_as_sync_error_on_both_ranks() -> None:
 def _non_finite(rank: int, world_size: int) -> dict[str, Any]:
     """Rank 0's replica goes NaN at step 10 (as a diverging optimizer would make it)."""
     model = make_model()
-    runner = ShadowSyncRunner(list(model.parameters()), ModelAveraging(),
-                              new_sync_group(timeout=timedelta(seconds=20)), max_staleness=1)
+    runner = ShadowSyncRunner(ReplicaSet(list(model.parameters()), ModelAveraging()),
+                              new_sync_group(timeout=timedelta(seconds=20)),
+                              ShadowOptions(max_staleness=1))
     runner.start()
 
     @torch.no_grad()

@@ -19,16 +19,13 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from shadowsync.sync.clock import ManualClock
+from shadowsync.sync.errors import SyncError
 from shadowsync.sync.lifecycle import FIXED_RATE, SHADOW, State
-from shadowsync.sync.pacing import CommShare, Interval, Pacer, Pacing, RoundTimes
-from shadowsync.sync.protocol import Wire
-from shadowsync.sync.runner import (
-    FixedRateSyncRunner,
-    ShadowSyncRunner,
-    SlowdownPacer,
-    SyncError,
-    new_sync_group,
-)
+from shadowsync.sync.pacing import CommShare, Interval, Pacer, Pacing, RoundTimes, SlowdownPacer
+from shadowsync.sync.protocol import Control, Wire, new_sync_group
+from shadowsync.sync.round import ReplicaSet
+from shadowsync.sync.runner import FixedRateOptions, FixedRateSyncRunner
+from shadowsync.sync.shadow import ShadowOptions, ShadowSyncRunner
 from shadowsync.sync.strategies import ElasticAveraging, ModelAveraging
 from tests._sync import Recording, make_model
 
@@ -79,36 +76,39 @@ class TimedAveraging(ModelAveraging):
 def test_rejects_bad_arguments(world1: dist.ProcessGroup) -> None:
     ps = params_of(make_model())
     ma = ModelAveraging()
+    shadow = ReplicaSet(ps, ma)
+
+    def with_options(**options: Any) -> Callable[[], object]:
+        return lambda: ShadowSyncRunner(shadow, world1, ShadowOptions(**options))
+
     cases: list[tuple[Callable[[], object], type[Exception], str]] = [
-        (lambda: ShadowSyncRunner([], ma, world1), ValueError, "empty"),
-        (lambda: ShadowSyncRunner([ps[0], ps[0]], ma, world1), ValueError, "twice"),
-        (lambda: ShadowSyncRunner([ps[0], ps[1].double()], ma, world1), ValueError, "dtype"),
-        (lambda: ShadowSyncRunner([torch.zeros(2, dtype=torch.long)], ma, world1), ValueError,
-         "floating"),
-        (lambda: ShadowSyncRunner(ps, object(), world1), TypeError, "SyncStrategy"),  # type: ignore[arg-type]
-        (lambda: ShadowSyncRunner(ps, ma, None), TypeError, "new_sync_group"),  # type: ignore[arg-type]
-        (lambda: ShadowSyncRunner(ps, ma, world1, max_comm_share=0.0), ValueError,
-         "max_comm_share"),
-        (lambda: ShadowSyncRunner(ps, ma, world1, min_interval_s=-1.0), ValueError,
-         "min_interval_s"),
-        (lambda: ShadowSyncRunner(ps, ma, world1, deadline_s=0.0), ValueError, "deadline_s"),
-        (lambda: FixedRateSyncRunner(ps, ma, world1, period=0), ValueError, "period"),
-        (lambda: FixedRateSyncRunner(ps, ma, world1, period=1, chunk_bytes=8), ValueError,
-         "chunk_bytes"),
+        (lambda: ShadowSyncRunner(ReplicaSet([], ma), world1), ValueError, "empty"),
+        (lambda: ShadowSyncRunner(ReplicaSet([ps[0], ps[0]], ma), world1), ValueError, "twice"),
+        (lambda: ShadowSyncRunner(ReplicaSet([ps[0], ps[1].double()], ma), world1), ValueError,
+         "dtype"),
+        (lambda: ShadowSyncRunner(ReplicaSet([torch.zeros(2, dtype=torch.long)], ma), world1),
+         ValueError, "floating"),
+        (lambda: ReplicaSet(ps, object()), TypeError, "SyncStrategy"),  # type: ignore[arg-type]
+        (lambda: ShadowSyncRunner(shadow, None), TypeError, "new_sync_group"),  # type: ignore[arg-type]
+        (with_options(max_comm_share=0.0), ValueError, "max_comm_share"),
+        (with_options(min_interval_s=-1.0), ValueError, "min_interval_s"),
+        (with_options(deadline_s=0.0), ValueError, "deadline_s"),
+        (lambda: FixedRateOptions(period=0), ValueError, "period"),
+        (lambda: FixedRateSyncRunner(shadow, world1, FixedRateOptions(period=1, chunk_bytes=8)),
+         ValueError, "chunk_bytes"),
         (lambda: new_sync_group(timeout=timedelta(0)), ValueError, "timeout"),
         (lambda: new_sync_group("nccl", socket_ifname="lo"), ValueError, "gloo"),
-        (lambda: ShadowSyncRunner(ps, ma, world1, thread_nice=20), ValueError, "thread_nice"),
-        (lambda: ShadowSyncRunner(ps, ma, world1, max_staleness=0), ValueError,
-         "max_staleness"),
-        (lambda: ShadowSyncRunner(ps, ma, world1, max_slowdown=0.05, slowdown_window=0),
-         ValueError, "slowdown_window"),
+        (with_options(thread_nice=20), ValueError, "thread_nice"),
+        (with_options(max_staleness=0), ValueError, "max_staleness"),
+        (with_options(max_slowdown=0.05, slowdown_window=0), ValueError, "slowdown_window"),
     ]
     for make, exc, match in cases:
         with pytest.raises(exc, match=match):
             make()
-    paced = ShadowSyncRunner(ps, ma, world1, max_slowdown=0.05, slowdown_window=64)
+    paced = ShadowSyncRunner(ReplicaSet(ps, ma), world1, ShadowOptions(max_slowdown=0.05,
+                                                                       slowdown_window=64))
     assert paced._pacing.slowdown is not None and paced._pacing.slowdown.cost_window == 64
-    runner = ShadowSyncRunner(ps, ma, world1)
+    runner = ShadowSyncRunner(ReplicaSet(ps, ma), world1)
     with pytest.raises(RuntimeError, match=r"step\(\) on a runner that is new .* call start"):
         runner.step()
     runner.start()
@@ -123,8 +123,8 @@ def test_rejects_bad_arguments(world1: dist.ProcessGroup) -> None:
 
 def test_thread_nice_lowers_the_sync_thread_alone(world1: dist.ProcessGroup) -> None:
     base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    runner = ShadowSyncRunner(params_of(make_model()), ModelAveraging(), world1, thread_nice=7,
-                              max_staleness=1)
+    runner = ShadowSyncRunner(ReplicaSet(params_of(make_model()), ModelAveraging()), world1,
+                              ShadowOptions(thread_nice=7, max_staleness=1))
     runner.start()
     thread = runner._thread
     assert thread is not None and thread.native_id is not None
@@ -152,14 +152,16 @@ def test_socket_ifname_binds_the_sync_group_and_restores_the_environment(
 # ----------------------------------------------------------------------------- schedule
 def test_fixed_rate_schedule_follows_periodic_model_averager(world1: dist.ProcessGroup) -> None:
     model = make_model()
-    runner = FixedRateSyncRunner(params_of(model), ModelAveraging(), world1, period=3)
+    runner = FixedRateSyncRunner(ReplicaSet(params_of(model), ModelAveraging()), world1,
+                                 FixedRateOptions(period=3))
     runner.start()
     for _ in range(7):
         runner.step()
     s = runner.stats()
     assert (s.steps, s.rounds, s.syncs_applied) == (7, 3, 3)  # after steps 1, 4, 7
     assert (s.gap_max, s.staleness_max, s.staleness_mean) == (3, 0, 0.0)
-    resumed = FixedRateSyncRunner(params_of(model), ModelAveraging(), world1, period=3)
+    resumed = FixedRateSyncRunner(ReplicaSet(params_of(model), ModelAveraging()), world1,
+                                  FixedRateOptions(period=3))
     resumed.start()
     resumed.load_state_dict(runner.state_dict())  # allowed while running: no thread
     for _ in range(3):
@@ -175,8 +177,8 @@ def test_with_max_staleness_rounds_start_at_agreed_steps(world1: dist.ProcessGro
     """Rounds start every K + pause steps, at steps fixed by the schedule alone (so every
     rank's are the same), and each lands within K steps of its snapshot; the stop round's
     pause carries over a stop, in steps."""
-    runner = Recording(params_of(make_model()), ModelAveraging(), world1, max_staleness=k,
-                       pacers=[FixedPause(pause)], deadline_s=30)
+    runner = Recording(ReplicaSet(params_of(make_model()), ModelAveraging()), world1,
+                       ShadowOptions(max_staleness=k, pacers=[FixedPause(pause)], deadline_s=30))
     runner.start()
     for _ in range(30):
         runner.step()
@@ -224,8 +226,9 @@ def test_the_stall_deadline_never_counts_a_pause(world1: dist.ProcessGroup) -> N
     deadline is 2 s and nothing fails. A round that stalls fails at the first step past it."""
     clock = ManualClock()
     strategy = TimedAveraging(clock, seconds=0.5)
-    runner = Recording(params_of(make_model()), strategy, world1, max_comm_share=0.02,
-                       deadline_s=2.0, max_staleness=1, clock=clock)
+    runner = Recording(ReplicaSet(params_of(make_model()), strategy), world1,
+                       ShadowOptions(max_comm_share=0.02, deadline_s=2.0, max_staleness=1,
+                                     clock=clock))
     runner.start()
     for _ in range(120):
         clock.advance(1.0)  # a training step
@@ -236,8 +239,8 @@ def test_the_stall_deadline_never_counts_a_pause(world1: dist.ProcessGroup) -> N
     # A stall (without max_staleness: training never waits) is found once a round has been in
     # flight past the deadline, at the step that sees it.
     stalling = TimedAveraging(clock, stall_at=1)
-    runner = ShadowSyncRunner(params_of(make_model()), stalling, world1, deadline_s=2.0,
-                              clock=clock)
+    runner = ShadowSyncRunner(ReplicaSet(params_of(make_model()), stalling), world1,
+                              ShadowOptions(deadline_s=2.0, clock=clock))
     runner.start()
     runner.step()  # gives the round, which stalls
     for _ in range(2):
@@ -250,9 +253,12 @@ def test_the_stall_deadline_never_counts_a_pause(world1: dist.ProcessGroup) -> N
     with pytest.raises(SyncError, match="stalled"):  # FAILED: every call raises the failure
         runner.stop()
     assert runner.state is State.FAILED
+    thread = runner._thread
     runner.abandon()
     stalling.release.set()  # the thread then fails and ends
-    assert runner._handoff.wait_finished(None)
+    assert thread is not None
+    thread.join(timeout=30)
+    assert not thread.is_alive()
 
 
 def test_the_kth_step_waits_for_the_round_and_times_out_by_the_deadline(
@@ -262,8 +268,8 @@ def test_the_kth_step_waits_for_the_round_and_times_out_by_the_deadline(
     passes the deadline, and the wait returns then."""
     clock = ManualClock()
     strategy = TimedAveraging(clock, seconds=1.5, stall_at=4)
-    runner = Recording(params_of(make_model()), strategy, world1, max_staleness=2,
-                       deadline_s=2.0, clock=clock)
+    runner = Recording(ReplicaSet(params_of(make_model()), strategy), world1,
+                       ShadowOptions(max_staleness=2, deadline_s=2.0, clock=clock))
     runner.start()
     for _ in range(6):
         runner.step()
@@ -291,8 +297,8 @@ def test_accepted_slowdown_spaces_rounds_by_their_measured_cost(
 
     def run(**pacing: float) -> Any:
         clock = ManualClock()
-        runner = Recording(params_of(make_model()), ModelAveraging(), world1, max_staleness=2,
-                           clock=clock, **pacing)
+        runner = Recording(ReplicaSet(params_of(make_model()), ModelAveraging()), world1,
+                           ShadowOptions(max_staleness=2, clock=clock, **pacing))
         runner.start()
         for _ in range(1_000):
             runner.step()
@@ -314,8 +320,8 @@ def test_a_pause_counts_steps_from_the_step_that_applies_the_round(
         world1: dist.ProcessGroup) -> None:
     """Without ``max_staleness`` a round lands at the first step after it is posted; the next
     snapshot is the agreed pause after that step."""
-    runner = Recording(params_of(make_model()), ModelAveraging(), world1,
-                       pacers=[FixedPause(5)])
+    runner = Recording(ReplicaSet(params_of(make_model()), ModelAveraging()), world1,
+                       ShadowOptions(pacers=[FixedPause(5)]))
     runner.start()
     runner.step()  # the first round's snapshot
     handoff = runner._handoff
@@ -336,9 +342,10 @@ def _into(state: State, world1: dist.ProcessGroup, fixed: bool = False) -> Runne
     """A runner moved into ``state`` through its public calls (FAILED: its rounds fail)."""
     strategy = TimedAveraging(ManualClock())
     runner: Runner = (
-        FixedRateSyncRunner(params_of(make_model()), strategy, world1, period=1) if fixed
-        else ShadowSyncRunner(params_of(make_model()), strategy, world1, max_staleness=1,
-                              deadline_s=30))
+        FixedRateSyncRunner(ReplicaSet(params_of(make_model()), strategy), world1,
+                            FixedRateOptions(period=1)) if fixed
+        else ShadowSyncRunner(ReplicaSet(params_of(make_model()), strategy), world1,
+                              ShadowOptions(max_staleness=1, deadline_s=30)))
     if state not in (State.NEW, State.ABANDONED):
         runner.start()
     if state is State.STOPPED:
@@ -357,7 +364,7 @@ def _into(state: State, world1: dist.ProcessGroup, fixed: bool = False) -> Runne
 
 def _call(runner: Runner, call: str, world1: dist.ProcessGroup) -> object:
     if call == "load_state_dict":  # a state of the same shape, from a runner never started
-        template = ShadowSyncRunner(params_of(make_model()), ModelAveraging(), world1)
+        template = ShadowSyncRunner(ReplicaSet(params_of(make_model()), ModelAveraging()), world1)
         return runner.load_state_dict(template.state_dict())
     if call == "stop":
         return runner.stop(final_sync=False)
@@ -419,9 +426,9 @@ def test_the_abort_round_runs_on_the_side_stream(world1: dist.ProcessGroup,
 
     allreduce = Wire.allreduce
 
-    def recording(self: Wire, payload: Any, **kwargs: Any) -> Any:
-        seen.append((kwargs.get("abort", False), getattr(inside, "on", False)))
-        return allreduce(self, payload, **kwargs)
+    def recording(self: Wire, payloads: Any, control: Control, *args: Any) -> Any:
+        seen.append((control.abort, getattr(inside, "on", False)))
+        return allreduce(self, payloads, control, *args)
 
     monkeypatch.setattr(ShadowSyncRunner, "_thread_streams", marked)
     monkeypatch.setattr(Wire, "allreduce", recording)
@@ -430,12 +437,14 @@ def test_the_abort_round_runs_on_the_side_stream(world1: dist.ProcessGroup,
         def delta(self, snapshot: Tensor, reduced: Tensor) -> Tensor:
             raise RuntimeError("injected")
 
-    runner = ShadowSyncRunner(params_of(make_model()), FailsInDelta(), world1, max_staleness=1)
+    runner = ShadowSyncRunner(ReplicaSet(params_of(make_model()), FailsInDelta()), world1,
+                              ShadowOptions(max_staleness=1))
     runner.start()
     with pytest.raises(SyncError, match="injected"):
         for _ in range(3):
             runner.step()
-    assert runner._handoff.wait_finished(None)
+    assert runner._thread is not None
+    runner._thread.join(timeout=30)  # it ends after the abort round
     assert seen == [(False, True), (True, True)], seen  # the round, then the abort round
 
 
@@ -446,7 +455,8 @@ def test_a_failure_in_the_stop_round_is_raised_with_a_finite_chain_of_causes(
     (a job failing at its end hung)."""
     strategy = TimedAveraging(ManualClock(), stall_at=3)
     strategy.release.set()  # round 3, the stop round, raises at once
-    runner = ShadowSyncRunner(params_of(make_model()), strategy, world1, max_staleness=1)
+    runner = ShadowSyncRunner(ReplicaSet(params_of(make_model()), strategy), world1,
+                              ShadowOptions(max_staleness=1))
     runner.start()
     for _ in range(2):
         runner.step()
@@ -618,7 +628,8 @@ def test_slowdown_pacer_raises_the_cost_for_its_noise() -> None:
 # ----------------------------------------------------------------------------- state
 def test_state_dict_round_trip_and_restart(world1: dist.ProcessGroup) -> None:
     model = make_model()
-    runner = ShadowSyncRunner(params_of(model), ElasticAveraging(0.5), world1, max_staleness=1)
+    runner = ShadowSyncRunner(ReplicaSet(params_of(model), ElasticAveraging(0.5)), world1,
+                              ShadowOptions(max_staleness=1))
     runner.start()
     for _ in range(30):
         runner.step()
@@ -626,9 +637,11 @@ def test_state_dict_round_trip_and_restart(world1: dist.ProcessGroup) -> None:
     sd = runner.state_dict()
     assert sd["counters"]["steps"] == 30 and sd["counters"]["rounds"] == 31
     assert sd["counters"]["next_snapshot"] == 31  # the stop round of step 30 lands at 31
-    resumed = ShadowSyncRunner(params_of(model), ElasticAveraging(0.5), world1, max_staleness=1)
+    resumed = ShadowSyncRunner(ReplicaSet(params_of(model), ElasticAveraging(0.5)), world1,
+                               ShadowOptions(max_staleness=1))
     resumed.load_state_dict(sd)
-    assert torch.equal(resumed.strategy.state_dict()["center"], sd["strategy"]["center"])
+    assert torch.equal(resumed.replicas[0].strategy.state_dict()["center"],
+                       sd["strategies"]["dense"]["center"])
     for r in (runner, resumed):  # a restarted runner and a resumed one both carry on alike
         r.start()
         for _ in range(30):
@@ -667,8 +680,9 @@ def hammer(rank: int, world_size: int, rounds: int = 1_000, steps: int = 2_000_0
 
     params = [torch.zeros(4)]
     strategy = CountingStrategy()
-    runner = ShadowSyncRunner(params, strategy, new_sync_group(timeout=timedelta(seconds=20)),
-                              deadline_s=10.0, **bound)
+    runner = ShadowSyncRunner(ReplicaSet(params, strategy),
+                              new_sync_group(timeout=timedelta(seconds=20)),
+                              ShadowOptions(deadline_s=10.0, **bound))
     old = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)
     try:

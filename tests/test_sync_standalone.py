@@ -39,7 +39,8 @@ _BLOCK = blocking("torchrec", "shadowsync.pipelines")
 # The README's example of ShadowSync on a plain PyTorch model, as each rank runs it.
 _EXAMPLE = """
 import torch, torch.distributed as dist
-from shadowsync.sync import ModelAveraging, ShadowSyncRunner, broadcast_, new_sync_group
+from shadowsync.sync import (ModelAveraging, ReplicaSet, ShadowSyncRunner, broadcast_,
+                             new_sync_group)
 
 dist.init_process_group("gloo")
 torch.manual_seed(dist.get_rank())  # different data and initial weights on each rank
@@ -47,7 +48,7 @@ model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Li
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
 params = list(model.parameters())
 broadcast_(params)
-runner = ShadowSyncRunner(params, ModelAveraging(), new_sync_group("gloo"))
+runner = ShadowSyncRunner(ReplicaSet(params, ModelAveraging()), new_sync_group("gloo"))
 runner.start()
 for _ in range(300):
     x = torch.randn(32, 8)

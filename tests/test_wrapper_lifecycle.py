@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from shadowsync.sync.config import SyncConfig
-from shadowsync.sync.runner import SyncError
+from shadowsync.sync.errors import SyncError
 from shadowsync.sync.strategies import ModelAveraging
 from shadowsync.sync.wrapper import Phase, ShadowSyncReplicas
 from shadowsync.testing import run_ranks
@@ -42,7 +42,7 @@ def _wrapped(mode: str, algorithm: str = "tests.test_wrapper_lifecycle:_Flaky",
 
 
 def _fail(w: ShadowSyncReplicas, fail: bool) -> None:
-    w.runner.strategy.fail = fail  # type: ignore[union-attr, attr-defined]
+    w.runner.replicas[0].strategy.fail = fail  # type: ignore[union-attr, attr-defined]
 
 
 def _lifecycle(rank: int, world_size: int) -> list[str]:

@@ -1,0 +1,210 @@
+"""One synchronization round, read in one place.
+
+A round synchronizes one or more :class:`ReplicaSet` s (today the dense replica; any other
+replicated tensors that share the round's process group are one more entry). Both runners run
+the same :class:`Round`; they differ only in which thread runs each stage:
+
+======  =======================================  ============  ==============  ===============
+stage   what                                     method        shadow thread   fixed rate
+======  =======================================  ============  ==============  ===============
+1       every set's live tensors -> snapshot     ``snapshot``  training        training
+2       each strategy's ``reduce_input``         ``exchange``  sync            training
+3       one SUM-allreduce of every payload and   ``exchange``  sync            training
+        the control slots (:mod:`.protocol`)
+4       each strategy's ``delta``                ``exchange``  sync            training
+5       hand back the :class:`Result`            (runner)      sync -> train   (returned)
+6       add each delta to its live tensors       ``apply``     training        training
+======  =======================================  ============  ==============  ===============
+
+On CUDA, stages 1 to 4 run on the synchronizer's side stream (stage 1 fenced both ways with the
+main stream) and stage 6 waits for the event stage 4 recorded; on CPU there are no streams.
+A replica or a delta that is not finite raises on the rank that holds it, before any peer
+averages it in (stages 2 and 4). What the thread, pacing, hand-off and telemetry add is
+outside the round: the :class:`Job` and the control values it is given, where its result goes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+from torch.profiler import record_function
+
+from shadowsync.sync.errors import NonFiniteError
+from shadowsync.sync.protocol import Agreement, Control, Layout, Wire, check_params, views
+from shadowsync.sync.strategies import SyncStrategy
+from shadowsync.sync.telemetry import Telemetry
+
+__all__ = ["Job", "ReplicaSet", "Result", "Round"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """A round's start: the snapshot of training step ``step`` is in every set's buffer.
+
+    Attributes:
+        step: the training step the snapshot was taken after.
+        stop: this rank asks every rank to stop after this round.
+        given_at: clock time the job was handed over (the stall deadline counts from it).
+    """
+
+    step: int
+    stop: bool
+    given_at: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    """A finished round: each set's delta, in order, the CUDA completion event (None on
+    CPU), its job and what the ranks agreed."""
+
+    deltas: list[Tensor]
+    ready: torch.cuda.Event | None
+    job: Job
+    agreement: Agreement
+
+
+class ReplicaSet:
+    """One kind of replica a round synchronizes: the live tensors, their snapshot (one flat
+    buffer) and the strategy that averages them.
+
+    Args:
+        params: the live tensors, of one dtype and device, never repeated.
+        strategy: the algorithm (pure tensor math, see :mod:`.strategies`).
+        name: what errors call it (``the dense replica is not finite ...``).
+    """
+
+    def __init__(self, params: Sequence[Tensor], strategy: SyncStrategy,
+                 name: str = "dense") -> None:
+        if not isinstance(strategy, SyncStrategy):
+            raise TypeError(f"strategy must be a SyncStrategy, got {type(strategy).__name__}")
+        self.params = check_params(params)
+        self.strategy = strategy
+        self.name = name
+        first = self.params[0]
+        self.snapshot = torch.empty(sum(p.numel() for p in self.params), dtype=first.dtype,
+                                    device=first.device)
+        self.views = views(self.snapshot, self.params)
+        self.initialized = False
+
+    @property
+    def wire_dtype(self) -> torch.dtype:
+        return self.strategy.wire_dtype or self.snapshot.dtype
+
+    def overwrite(self, flat: Tensor) -> None:
+        """Every live tensor from ``flat`` (the consensus: the same bits on every rank)."""
+        torch._foreach_copy_(self.params, views(flat, self.params))
+
+
+class Round:
+    """The stages of the module's table over ``replicas``, on ``wire``.
+
+    Args:
+        replicas: the sets a round carries, each a payload of the wire's buffer in turn.
+        wire: the round's buffer and collective (its layout follows ``replicas``).
+        telemetry: counts each round's bytes, time and its landing.
+        stream: the side stream stages 1-4 run on (CUDA), or None.
+    """
+
+    def __init__(self, replicas: Sequence[ReplicaSet], wire: Wire, telemetry: Telemetry,
+                 stream: torch.cuda.Stream | None = None) -> None:
+        self.replicas = list(replicas)
+        self.wire = wire
+        self.stream = stream
+        self._telemetry = telemetry
+
+    @staticmethod
+    def layout(replicas: Sequence[ReplicaSet]) -> Layout:
+        """The wire layout ``replicas`` need (one wire dtype for all of them)."""
+        dtypes = {r.wire_dtype for r in replicas}
+        if len(dtypes) != 1:
+            raise ValueError(f"the replica sets of one round travel in one wire dtype, got "
+                             f"{sorted(map(str, dtypes))}")
+        first = replicas[0].snapshot
+        return Layout(tuple(r.snapshot.numel() for r in replicas), dtypes.pop(), first.device)
+
+    # ------------------------------------------------------------------ 1. snapshot
+    @torch.no_grad()
+    def snapshot(self) -> None:
+        """Training thread: every set's live tensors into its snapshot; on the side stream (if
+        any), fenced both ways: the side stream waits for the main stream's pending work on
+        the tensors, and the main stream waits for the copy before the next optimizer step can
+        overwrite them."""
+        if self.stream is None:
+            for r in self.replicas:
+                torch._foreach_copy_(r.views, r.params)
+            return
+        main = torch.cuda.current_stream(self.stream.device)
+        self.stream.wait_stream(main)
+        with torch.cuda.stream(self.stream):
+            for r in self.replicas:
+                torch._foreach_copy_(r.views, r.params)
+        main.wait_stream(self.stream)
+
+    def init(self) -> None:
+        """Binds each strategy, once, to its set's (identical) live tensors."""
+        for r in self.replicas:
+            if not r.initialized:
+                self.snapshot()
+                r.strategy.init(r.snapshot, self.wire.world)
+                r.initialized = True
+
+    # ------------------------------------------------------------------ 2-4. exchange
+    def exchange(self, job: Job, control: Control,
+                 pause_between_chunks: Callable[[float], float] | None = None) -> Result:
+        """The thread that runs rounds: stages 2-4 on the snapshots of ``job``; returns the
+        result to hand back. Raises what a strategy, the collective or a finite check raised."""
+        for r in self.replicas:
+            self._check_finite(r.snapshot, f"the {r.name} replica", job.step)
+        with record_function("shadowsync.reduce_input"):
+            payloads = [r.strategy.reduce_input(r.snapshot) for r in self.replicas]
+        agreement = self.wire.allreduce(payloads, control, pause_between_chunks)
+        self._telemetry.reduced(agreement)
+        with record_function("shadowsync.delta"):
+            deltas = [r.strategy.delta(r.snapshot, reduced)
+                      for r, reduced in zip(self.replicas, self.wire.payloads, strict=True)]
+        for r, delta in zip(self.replicas, deltas, strict=True):
+            self._check_finite(delta, f"the {r.name} delta", job.step)
+        self._telemetry.round_done()
+        ready = self.stream.record_event() if self.stream is not None else None
+        return Result(deltas, ready, job, agreement)
+
+    # ------------------------------------------------------------------ 6. apply
+    @torch.no_grad()
+    def apply(self, result: Result, step: int) -> None:
+        """Training thread, between steps: adds each finished delta to its live tensors."""
+        with record_function("shadowsync.apply"):
+            if result.ready is not None:
+                main = torch.cuda.current_stream(result.deltas[0].device)
+                main.wait_event(result.ready)
+            for r, delta in zip(self.replicas, result.deltas, strict=True):
+                if result.ready is not None:
+                    delta.record_stream(main)
+                torch._foreach_add_(r.params, views(delta, r.params))
+        self._telemetry.applied(step, result.job.step)
+
+    # ------------------------------------------------------------------ the consensus
+    @torch.no_grad()
+    def consensus(self, step: int) -> None:
+        """Collective, once stopped on every rank: overwrites every set with its strategy's
+        consensus, computed from one full-precision allreduce alone, so every rank ends with
+        the same bits."""
+        with record_function("shadowsync.consensus"):
+            self.snapshot()
+            wire = self.wire.like(self.replicas[0].snapshot.dtype)
+            wire.allreduce([r.strategy.consensus_input(r.snapshot) for r in self.replicas],
+                           Control())
+            for r, reduced in zip(self.replicas, wire.payloads, strict=True):
+                model = r.strategy.consensus(reduced)
+                self._check_finite(model, f"the {r.name} consensus model", step)
+                r.overwrite(model)
+
+    def _check_finite(self, t: Tensor, what: str, step: int) -> None:
+        """Raises :class:`~.errors.NonFiniteError` if ``t`` holds NaN or inf (one fused
+        reduction, read on the thread that runs the round)."""
+        if not bool(torch.isfinite(t).all()):
+            raise NonFiniteError(
+                f"rank {torch.distributed.get_rank()}: {what} is not finite in synchronization "
+                f"round {self._telemetry.counters.rounds + 1} (snapshot of step {step})")
