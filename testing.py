@@ -27,7 +27,6 @@ from __future__ import annotations
 import io
 import os
 import queue
-import socket
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -37,18 +36,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed.elastic.utils.distributed import get_free_port
 
-__all__ = ["free_port", "run_ranks", "wait_for_app"]
+__all__ = ["run_ranks", "wait_for_app"]
 
 _EXIT_GRACE_S = 10.0
 _PRELOAD = ["shadowsync.pipelines.train"]
-
-
-def free_port() -> int:
-    """A TCP port that was free on 127.0.0.1 a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _child(rank: int, world_size: int, port: int, pg_timeout_s: float,
@@ -83,7 +76,7 @@ def run_ranks(fn: Callable[[int, int], Any], *, world_size: int = 2, timeout_s: 
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(_PRELOAD)  # read when the server starts: the first world
     results = ctx.Queue()
-    port = free_port()
+    port = get_free_port()
     procs = [ctx.Process(target=_child, args=(r, world_size, port, pg_timeout_s, fn, results),
                          daemon=True) for r in range(world_size)]
     for p in procs:

@@ -25,7 +25,8 @@ from shadowsync.models.config import ModelConfig
 from shadowsync.models.zoo import build_model, sparse_modules
 from shadowsync.pipelines.build import init_distributed
 from shadowsync.pipelines.config import load_config
-from shadowsync.pipelines.trainer import Trainer
+from shadowsync.pipelines.context import RunContext
+from shadowsync.pipelines.loop import Trainer
 
 
 def parameter_counts(cfg: ModelConfig, spec: DataSpec) -> tuple[int, int]:
@@ -56,7 +57,7 @@ def main() -> int:
         env = env or init_distributed(cfg.train.pg_timeout_s)
         dataset = build_dataset(cfg.data.name, **cfg.data.options)
         dense, sparse = parameter_counts(cfg.model, dataset.spec)
-        summary = Trainer(cfg, env, dataset).train()
+        summary = Trainer(RunContext.of(cfg, env), dataset).train()
         rows.append({"model": label or preset, "preset": preset, "dense_params": dense,
                      "sparse_params": sparse, "examples_per_s": summary["examples_per_s"],
                      "eval_ne": summary["eval_ne"], "eval_auc": summary["eval_auc"],

@@ -66,8 +66,9 @@ from shadowsync.datasets import build_dataset
 from shadowsync.pipelines.build import DistEnv, init_distributed
 from shadowsync.pipelines.callbacks import TrainCallback
 from shadowsync.pipelines.config import load_config
+from shadowsync.pipelines.context import RunContext
 from shadowsync.pipelines.fault_domain import FaultDomain
-from shadowsync.pipelines.trainer import Trainer
+from shadowsync.pipelines.loop import Trainer
 from shadowsync.sync.config import SyncConfig
 from shadowsync.sync.errors import FailureSink
 from shadowsync.sync.runner import SyncRunner
@@ -133,8 +134,8 @@ def run_arm(env: DistEnv, preset: str, overrides: list[str],
     ``cluster.py``) also the bytes every host put on its link, summed over hosts (embedding
     all-to-alls, synchronization and the final evaluation's gathers)."""
     cfg = load_config(preset, overrides)
-    trainer = Trainer(cfg, env, build_dataset(cfg.data.name, **cfg.data.options),
-                      callbacks=callbacks)
+    trainer = Trainer(RunContext.of(cfg, env, callbacks=callbacks), build_dataset(cfg.data.name,
+                                                                                  **cfg.data.options))
     dist.barrier()
     before = _tx_bytes()
     summary = trainer.train()
@@ -387,8 +388,8 @@ def run_interleaved(
                                    f"train.epochs={steps}"])
         domain = FaultDomain()
         wrapper = RotatingReplicas(syncs, block, base, trace, domain)
-        with Trainer(cfg, env, build_dataset(cfg.data.name, **cfg.data.options),
-                     wrapper=wrapper, domain=domain, callbacks=callbacks) as trainer:
+        with Trainer(RunContext.of(cfg, env, domain=domain, callbacks=callbacks),
+                     build_dataset(cfg.data.name, **cfg.data.options), wrapper) as trainer:
             summary = trainer.train()
         turns = [t for t in wrapper.turns if t.done]
         if len(turns) != steps // block:

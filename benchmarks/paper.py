@@ -54,7 +54,8 @@ from shadowsync.benchmarks.report import command_line, markdown_table, or_dash, 
 from shadowsync.datasets import build_dataset
 from shadowsync.pipelines.build import DistEnv, init_distributed
 from shadowsync.pipelines.config import load_config
-from shadowsync.pipelines.trainer import Trainer
+from shadowsync.pipelines.context import RunContext
+from shadowsync.pipelines.loop import Trainer
 from shadowsync.sync.config import BMUFConfig, EASGDConfig
 
 PERIODS = (1, 10, 100)
@@ -137,7 +138,8 @@ block momentum, 1 - 1/world = 0.75.
 def run_arm(env: DistEnv, preset: str, overrides: list[str]) -> dict[str, Any]:
     """One training run, its final eval and its windowed training NE; collective."""
     cfg = load_config(preset, overrides)
-    with Trainer(cfg, env, build_dataset(cfg.data.name, **cfg.data.options)) as trainer:
+    with Trainer(RunContext.of(cfg, env), build_dataset(cfg.data.name,
+                                                        **cfg.data.options)) as trainer:
         dist.barrier()
         summary = trainer.train()
         curve = [[r["step"], r["ne"]] for r in trainer.log.history

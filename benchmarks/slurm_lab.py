@@ -71,6 +71,8 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, TYPE_CHECKING
 
+from torch.distributed.elastic.utils.distributed import get_free_port
+
 if TYPE_CHECKING:  # imported where the nodes are namespaces (hosts > 1)
     from shadowsync.benchmarks.cluster import Cluster
 
@@ -159,12 +161,6 @@ def ensure_packages(*, quiet: bool = True) -> None:
             _POLICY_RC_D.unlink(missing_ok=True)
     if still := missing_packages():
         raise LabUnavailable(f"still missing after apt-get install: {still}")
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
@@ -501,9 +497,9 @@ def _start(stack: _Stack, root: Path, *, kill_wait_s: int, log: Callable[[str], 
         return ["unshare", "--mount", "--uts", "--propagation", "private", "sh", "-c", script,
                 "sh"]
 
-    ports = {name: _free_port() for name in ("slurmctld", "slurmd", "slurmdbd", "mariadb")}
+    ports = {name: get_free_port() for name in ("slurmctld", "slurmd", "slurmdbd", "mariadb")}
     if len(set(ports.values())) < len(ports):
-        ports = {name: _free_port() for name in ports}
+        ports = {name: get_free_port() for name in ports}
     node_line = _node_line()
     hardware = " ".join(f for f in node_line.split() if not f.startswith("NodeName="))
     cpus = int(_field(node_line, "CPUs"))

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import warnings
 from dataclasses import dataclass
 from datetime import timedelta
@@ -15,6 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.elastic.utils.distributed import get_free_port
 from torchrec.distributed.model_parallel import DistributedModelParallel, get_unwrapped_module
 from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints
 from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
@@ -106,12 +106,6 @@ class DistEnv:
     backend: str
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def local_device() -> tuple[torch.device, str]:
     """This rank's device and backend: ``cuda:LOCAL_RANK`` with NCCL if there is a GPU, else CPU
     with gloo. Needs no process group, so a run can be checked against it before one starts."""
@@ -128,7 +122,7 @@ def init_distributed(timeout_s: float) -> DistEnv:
     """
     if "RANK" not in os.environ and not dist.is_initialized():
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.setdefault("MASTER_PORT", str(get_free_port()))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device, backend = local_device()
     if device.type == "cuda":

@@ -19,7 +19,7 @@ import torch
 from torch.profiler import record_function
 
 if TYPE_CHECKING:
-    from shadowsync.pipelines.trainer import Trainer
+    from shadowsync.pipelines.loop import Trainer
 
 __all__ = ["Callbacks", "TrainCallback"]
 

@@ -24,7 +24,7 @@ import fsspec
 import yaml
 
 from shadowsync.models.config import DLRMConfig, ModelConfig
-from shadowsync.sections import read_section
+from shadowsync.sections import POSITIVE, Range, check_range, read_section
 from shadowsync.sync.config import SyncConfig, migrate, strategy_algorithms
 
 ShardingType = Literal["table_wise", "column_wise", "table_column_wise", "data_parallel",
@@ -165,6 +165,15 @@ class LoggingConfig:
     tensorboard: bool = False
 
 
+# The valid range of each numeric setting that has one (the synchronizer's are in sync.config).
+_RANGES: dict[str, Range] = {key: POSITIVE for key in (
+    "train.batch_size", "train.epochs", "train.log_every", "eval.batch_size",
+    "train.control_every_steps", "train.steps", "eval.every_steps", "eval.max_batches",
+    "sharding.min_partition", "checkpoint.every_steps", "train.gc_every_steps",
+    "checkpoint.keep", "logging.window_examples", "train.control_min_interval_s",
+    "optim.dense_lr", "optim.sparse_lr", "train.pg_timeout_s")}
+
+
 @dataclass
 class RunConfig:
     """The whole run; ``output_dir`` receives the resolved config and the metrics."""
@@ -183,34 +192,9 @@ class RunConfig:
     def validate(self) -> None:
         """Checks that need several fields at once; types were checked while building."""
         self.model.validate()
-        positive = {
-            "train.batch_size": self.train.batch_size,
-            "train.epochs": self.train.epochs,
-            "train.log_every": self.train.log_every,
-            "eval.batch_size": self.eval.batch_size,
-            "train.control_every_steps": self.train.control_every_steps,
-        }
-        optional_positive = {
-            "train.steps": self.train.steps,
-            "eval.every_steps": self.eval.every_steps,
-            "eval.max_batches": self.eval.max_batches,
-            "sharding.min_partition": self.sharding.min_partition,
-            "checkpoint.every_steps": self.checkpoint.every_steps,
-            "train.gc_every_steps": self.train.gc_every_steps,
-            "checkpoint.keep": self.checkpoint.keep,
-            "logging.window_examples": self.logging.window_examples,
-            "train.control_min_interval_s": self.train.control_min_interval_s,
-        }
-        for key, value in {**positive, **optional_positive}.items():
-            if value is not None and value <= 0:
-                raise ValueError(f"{key} must be positive, got {value}")
-        for key, amount in {
-            "optim.dense_lr": self.optim.dense_lr,
-            "optim.sparse_lr": self.optim.sparse_lr,
-            "train.pg_timeout_s": self.train.pg_timeout_s,
-        }.items():
-            if amount <= 0:
-                raise ValueError(f"{key} must be positive, got {amount}")
+        for key, valid in _RANGES.items():
+            section, _, name = key.partition(".")
+            check_range(key, getattr(getattr(self, section), name), valid)
         if self.checkpoint.every_steps is not None and self.checkpoint.dir is None:
             raise ValueError("checkpoint.every_steps needs checkpoint.dir")
         if self.logging.tensorboard and self.output_dir is None:

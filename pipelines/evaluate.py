@@ -23,7 +23,8 @@ from shadowsync.datasets import RecDataset, build_dataset
 from shadowsync.pipelines import checkpoint
 from shadowsync.pipelines.build import DistEnv, init_distributed
 from shadowsync.pipelines.config import RunConfig, load_config
-from shadowsync.pipelines.trainer import Trainer
+from shadowsync.pipelines.context import RunContext
+from shadowsync.pipelines.loop import Trainer
 
 
 def checkpoint_config(found: checkpoint.CheckpointInfo, config: str | None,
@@ -47,11 +48,10 @@ def evaluate_checkpoint(
     cfg: RunConfig, found: checkpoint.CheckpointInfo, env: DistEnv, dataset: RecDataset
 ) -> dict[str, Any]:
     """Collective: restores ``found`` into a fresh trainer and evaluates it."""
-    trainer = Trainer(cfg, env, dataset)
-    trainer.checkpoints.restore(found)
+    trainer = Trainer(RunContext.of(cfg, env), dataset)
+    trainer.restore(found)
     trainer.wrapper.finish()
-    metrics = {"checkpoint": found.path, "step": found.step,
-               **trainer.evaluator.evaluate(trainer.step)}
+    metrics = {"checkpoint": found.path, "step": found.step, **trainer.evaluate()}
     if env.rank == 0 and trainer.log.out_dir is not None:
         (trainer.log.out_dir / "eval.json").write_text(json.dumps(metrics, indent=1))
     return metrics

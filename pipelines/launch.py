@@ -44,7 +44,7 @@ from torch.distributed.run import get_args_parser, run
 
 from shadowsync.pipelines.config import check_folders, parse_args
 from shadowsync.pipelines.console import LOG_DIR_ENV, leave_error
-from shadowsync.pipelines.faults import PREEMPTED_EXIT_CODE
+from shadowsync.pipelines.errors import PREEMPTED_EXIT_CODE
 
 _RESUME = "run the same command to resume from the checkpoint"
 _STOPPED_BY_TORCHRUN = {-signal.SIGTERM, -signal.SIGKILL}

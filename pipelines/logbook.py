@@ -19,10 +19,8 @@ from tqdm import tqdm
 if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
 
-from shadowsync.pipelines.build import DistEnv
-from shadowsync.pipelines.callbacks import Callbacks
-from shadowsync.pipelines.config import RunConfig
 from shadowsync.pipelines.console import ConsoleLog
+from shadowsync.pipelines.context import RunContext
 from shadowsync.pipelines.metrics import TrainingMetrics
 
 logger = logging.getLogger("shadowsync.train")
@@ -50,22 +48,20 @@ class Logbook:
     next record of any kind (:meth:`log` waits for it), so records stay in order.
 
     Args:
-        cfg: the run's settings (``output_dir``, ``train.batch_size``, ``logging.*``).
-        env: this process's rank and world.
+        ctx: the run (``output_dir``, ``train.batch_size``, ``logging.*``; its callbacks are
+            told of each training record started; examples/s is timed on its clock, while
+            ``metrics.jsonl``'s ``time`` stays the Unix time).
         console: turns records into the lines rank 0 prints.
         metrics: the window and run metrics the training records reduce.
         stats: the synchronizer's counters, added to each training record as ``sync_*``.
-        callbacks: told of each training record started.
     """
 
-    def __init__(self, cfg: RunConfig, env: DistEnv, console: ConsoleLog,
-                 metrics: TrainingMetrics, stats: Callable[[], dict[str, Any]],
-                 callbacks: Callbacks, clock: Callable[[], float]) -> None:
-        """``clock``: seconds, what examples/s is timed on (``metrics.jsonl``'s ``time`` stays
-        the Unix time)."""
+    def __init__(self, ctx: RunContext, console: ConsoleLog, metrics: TrainingMetrics,
+                 stats: Callable[[], dict[str, Any]]) -> None:
+        cfg, env, clock = ctx.cfg, ctx.env, ctx.clock
         self.cfg, self.env, self.console, self.metrics = cfg, env, console, metrics
         self._clock = clock
-        self._stats, self._callbacks = stats, callbacks
+        self._stats, self._callbacks = stats, ctx.callbacks
         self.history: list[dict[str, Any]] = []
         self.out_dir = Path(cfg.output_dir) if cfg.output_dir else None
         if self.out_dir is not None and env.rank == 0:

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from shadowsync.datasets import RecDataset, build_dataset
-from shadowsync.pipelines import checkpoint, faults
+from shadowsync.pipelines import checkpoint
 from shadowsync.pipelines.build import (
     DistEnv,
     check_sharding,
@@ -31,8 +31,10 @@ from shadowsync.pipelines.build import (
 from shadowsync.pipelines.callbacks import TrainCallback
 from shadowsync.pipelines.config import RunConfig, check_folders, parse_args, save_config
 from shadowsync.pipelines.console import leave_error, locations, rounded
+from shadowsync.pipelines.context import RunContext
+from shadowsync.pipelines.errors import FAILURES, PREEMPTED_EXIT_CODE
 from shadowsync.pipelines.fault_domain import FaultDomain
-from shadowsync.pipelines.trainer import Trainer
+from shadowsync.pipelines.loop import Trainer
 
 __all__ = ["DistEnv", "Trainer", "init_distributed", "main", "plan_ranks", "prepare", "run"]
 
@@ -70,7 +72,7 @@ def run(cfg: RunConfig, dataset: RecDataset, domain: FaultDomain | None = None,
         if cfg.output_dir:
             Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
             save_config(cfg, Path(cfg.output_dir) / "config.yaml")
-    with Trainer(cfg, env, dataset, domain=domain, callbacks=callbacks) as trainer:
+    with Trainer(RunContext.of(cfg, env, domain, callbacks), dataset) as trainer:
         if env.rank == 0:
             logger.info("sharding plan:\n%s", trainer.plan)
         trainer.maybe_resume()
@@ -108,7 +110,7 @@ def _bad_config(line: str, wait_s: float = _CONFIG_WAIT_S) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Exit codes: 0 done, 1 failed (reported by the :class:`~.fault_domain.FaultDomain`: one
     ``rank N failed: ...`` line and torchrun's error file), 2 bad configuration, 143 preempted
-    (see :mod:`.faults`). ``@record`` reports anything else that escapes."""
+    (see :mod:`.errors`). ``@record`` reports anything else that escapes."""
     # TorchRec logs every pipeline refill at INFO on every rank; keep ours, quiet theirs.
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s",
                         stream=sys.stdout, force=True)
@@ -122,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     domain.install_sigterm_handler()
     try:
         summary = run(cfg, dataset, domain)
-    except faults.FAILURES as e:  # no destroy_process_group(): it could wait on a peer gone
+    except FAILURES as e:  # no destroy_process_group(): it could wait on a peer gone
         return domain.fail(e)
     dist.destroy_process_group()
     if not summary.get("preempted"):
@@ -132,8 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         where = (f"checkpoint {saved.path}; run the same command to resume" if saved else
                  "no checkpoint.dir, so the work is lost")
         print(f"preempted: every rank stopped after step {summary['step']}; {where} "
-              f"(exit {faults.PREEMPTED_EXIT_CODE})", flush=True)
-    return faults.PREEMPTED_EXIT_CODE
+              f"(exit {PREEMPTED_EXIT_CODE})", flush=True)
+    return PREEMPTED_EXIT_CODE
 
 
 def cli() -> NoReturn:

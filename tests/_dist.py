@@ -1,14 +1,9 @@
 """Test-only settings shared by the test files: :data:`SMALL`, the synthetic job at test size.
-
-``run_ranks`` and ``free_port`` live in :mod:`shadowsync.testing`; they are re-exported here for
-the files that still import them from this module.
-"""
+(Spawning gloo worlds is :mod:`shadowsync.testing`'s.)"""
 
 from __future__ import annotations
 
-from shadowsync.testing import free_port, run_ranks
-
-__all__ = ["SMALL", "free_port", "run_ranks"]
+__all__ = ["SMALL"]
 
 # The synthetic job at test size (26 tables of 1,000 rows, batches of 128, 2 eval batches), for
 # every test that launches the real training CLI.

@@ -46,7 +46,7 @@ import torch.distributed.checkpoint as dcp
 from torchrec.datasets.utils import Batch
 
 from shadowsync.pipelines import train
-from shadowsync.pipelines.trainer import Trainer
+from shadowsync.pipelines.loop import Trainer
 from shadowsync.sync.strategies import ModelAveraging
 from shadowsync.sync.wrapper import ShadowSyncReplicas
 
@@ -84,7 +84,7 @@ def _after_step(rank: int, step: int, kind: str) -> None:
 
         def after_step() -> None:
             hook()
-            if self.env.rank == rank and self.step + 1 == step:
+            if self.ctx.env.rank == rank and self.step + 1 == step:
                 _act(kind)
 
         self.wrapper.after_step = after_step  # type: ignore[method-assign]
@@ -181,8 +181,8 @@ class _Poisoned:
 def _nan_data(rank: int, n: int, kind: str) -> None:
     init = Trainer.__init__
 
-    def patched(self: Trainer, cfg: Any, env: Any, dataset: Any, **kwargs: Any) -> None:
-        init(self, cfg, env, _Poisoned(dataset, rank, kind, n), **kwargs)
+    def patched(self: Trainer, ctx: Any, dataset: Any, *args: Any) -> None:
+        init(self, ctx, _Poisoned(dataset, rank, kind, n), *args)
 
     Trainer.__init__ = patched  # type: ignore[method-assign]
 

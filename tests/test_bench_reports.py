@@ -78,7 +78,7 @@ def _job_store_env() -> None:
 def _ablations(rank: int, world_size: int) -> dict[str, dict[str, Any]]:
     from shadowsync.pipelines.build import init_distributed
     from shadowsync.pipelines.callbacks import TrainCallback
-    from shadowsync.pipelines.trainer import Trainer
+    from shadowsync.pipelines.loop import Trainer
     from tests._dist import SMALL
 
     bench = bench_loop
@@ -88,8 +88,8 @@ def _ablations(rank: int, world_size: int) -> dict[str, dict[str, Any]]:
 
     class Count(TrainCallback):
         def on_train_start(self, trainer: Trainer) -> None:
-            assert trainer.domain.heartbeat is not None
-            seen["heartbeat_s"] = trainer.domain.heartbeat.interval_s
+            assert trainer.ctx.domain.heartbeat is not None
+            seen["heartbeat_s"] = trainer.ctx.domain.heartbeat.interval_s
 
         def on_step_end(self, step: int) -> None:
             seen["steps"] = seen.get("steps", 0) + 1

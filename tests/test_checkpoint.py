@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import hashlib
 import itertools
 import json
 import logging
@@ -27,6 +28,7 @@ from torch.distributed._shard.sharded_tensor import ShardedTensor
 from shadowsync.datasets import build_dataset
 from shadowsync.pipelines import checkpoint
 from shadowsync.pipelines.config import dump_config, load_config
+from shadowsync.pipelines.context import RunContext
 from shadowsync.pipelines.evaluate import evaluate_checkpoint
 from shadowsync.pipelines.train import Trainer, init_distributed
 from shadowsync.sync.wrapper import dense_parameters
@@ -74,13 +76,18 @@ def _run(rank: int, world_size: int, root: str, algorithm: list[str]) -> dict[st
     def trainer(steps: int, ckpt_dir: str) -> Trainer:
         cfg = load_config("synthetic", common + [f"train.steps={steps}",
                                                  f"checkpoint.dir={ckpt_dir}"])
-        return Trainer(cfg, env, build_dataset(cfg.data.name, **cfg.data.options))
+        return Trainer(RunContext.of(cfg, env), build_dataset(cfg.data.name, **cfg.data.options))
 
     straight = trainer(48, f"{root}/straight")
     assert not straight.maybe_resume()  # nothing to resume from yet
     full = straight.train()
     interrupted = trainer(24, f"{root}/interrupted")
     interrupted.train()
+    _write_old_layout(f"{root}/interrupted", f"{root}/legacy", rank)
+    legacy = trainer(48, f"{root}/legacy")
+    assert legacy.maybe_resume()
+    at_legacy_resume = _state(legacy)
+    after_legacy = legacy.train()
     resumed = trainer(48, f"{root}/interrupted")
     assert resumed.maybe_resume()
     assert resumed.step == 24
@@ -90,7 +97,36 @@ def _run(rank: int, world_size: int, root: str, algorithm: list[str]) -> dict[st
     evaluated = evaluate_checkpoint(cfg, checkpoint.resolve(f"{root}/straight"), env,
                                     build_dataset(cfg.data.name, **cfg.data.options))
     return {"evaluated": evaluated, "full": full, "after": after, "straight": _state(straight),
-            "resumed": _state(resumed), "saved": _state(interrupted), "at_resume": at_resume}
+            "resumed": _state(resumed), "saved": _state(interrupted), "at_resume": at_resume,
+            "at_legacy_resume": at_legacy_resume, "after_legacy": after_legacy}
+
+
+def _write_old_layout(root: str, copy_to: str, rank: int) -> None:
+    """A copy of ``root``'s checkpoints whose rank files use the layout of the versions before
+    each part had its own key (flat: the position's keys, ``rng``, ``last_eval``; the
+    synchronizer's single ``strategy``), their digests in the marker made anew."""
+    if rank == 0:
+        shutil.copytree(root, copy_to)
+    dist.barrier()
+    step = Path(copy_to) / "step_00000024"
+    path = step / f"rank_{rank:05d}.pt"
+    new = torch.load(path, weights_only=True)
+    sync = dict(new["sync"])
+    if "strategies" in sync:
+        (strategy,) = sync.pop("strategies").values()
+        sync["strategy"] = strategy
+    old = {**new["position"], "dense": new["dense"], "optimizers": new["optimizers"],
+           "sync": sync, "rng": new["rng"]["cpu"], "last_eval": new["evaluation"]["last_step"]}
+    torch.save(old, path)
+    dist.barrier()
+    if rank == 0:
+        marker = json.loads((step / checkpoint.MARKER).read_text())
+        for name in (f"rank_{r:05d}.pt" for r in range(dist.get_world_size())):
+            data = (step / name).read_bytes()
+            marker["files"][name] = {"bytes": len(data),
+                                     "sha256": hashlib.sha256(data).hexdigest()}
+        (step / checkpoint.MARKER).write_text(json.dumps(marker))
+    dist.barrier()
 
 
 RESUMED = [["sync.strategy.name=bmuf", "sync.schedule.mode=fixed_rate", "sync.schedule.period=5"],
@@ -115,6 +151,12 @@ def test_resume_equals_uninterrupted_run(world: World, algorithm: list[str]) -> 
         # The restore is exact, and training went on from it.
         for name, value in r["saved"].items():
             torch.testing.assert_close(r["at_resume"][name], value, rtol=0, atol=0, msg=name)
+            # A checkpoint in the old layout restores the same state, and the run continues
+            # exactly as from the new one.
+            torch.testing.assert_close(r["at_legacy_resume"][name], value, rtol=0, atol=0,
+                                       msg=name)
+        for key in ("eval_auc", "eval_ne", "step"):
+            assert r["after_legacy"][key] == r["after"][key], key
         assert any(not torch.equal(r["resumed"][k], v) for k, v in r["at_resume"].items())
     if algorithm == ["sync.strategy.name=none"]:
         # Each rank got its own replica back, not rank 0's copy.
@@ -156,7 +198,7 @@ def _shadow_resume(rank: int, world_size: int, root: str) -> dict[str, Any]:
 
     def trainer(steps: int) -> Trainer:
         cfg = load_config("synthetic", common + [f"train.steps={steps}"])
-        return Trainer(cfg, env, build_dataset(cfg.data.name, **cfg.data.options))
+        return Trainer(RunContext.of(cfg, env), build_dataset(cfg.data.name, **cfg.data.options))
 
     first = trainer(24)
     first.train()
@@ -315,9 +357,9 @@ def _corruption_matrix(rank: int, world_size: int, root: str) -> dict[str, Any]:
     pristine = Path(root) / "pristine"
     cfg = load_config("synthetic", SMALL + ["train.steps=8", "checkpoint.every_steps=4",
                                             "checkpoint.keep=5", f"checkpoint.dir={pristine}"])
-    trainer = Trainer(cfg, env, build_dataset(cfg.data.name, **cfg.data.options))
+    trainer = Trainer(RunContext.of(cfg, env), build_dataset(cfg.data.name, **cfg.data.options))
     trainer.train()  # checkpoints of steps 4 and 8
-    trainer.checkpoints.restore(checkpoint.latest(str(pristine), before=8))  # type: ignore[arg-type]
+    trainer.restore(checkpoint.latest(str(pristine), before=8))  # type: ignore[arg-type]
     reference = _state(trainer)
     lines = _Lines()
     logging.getLogger("shadowsync").addHandler(lines)

@@ -27,6 +27,7 @@ from shadowsync.datasets import (
 from shadowsync.datasets.criteo_npy import npy_paths
 from shadowsync.datasets.criteo_preprocess import main as preprocess_main
 from shadowsync.pipelines.config import load_config
+from shadowsync.pipelines.context import RunContext
 from shadowsync.pipelines.train import Trainer, init_distributed, plan_ranks
 from shadowsync.sync.wrapper import dense_parameters
 from shadowsync.testing import run_ranks
@@ -537,7 +538,7 @@ def _train_npy(rank: int, world_size: int, directory: str) -> list[dict[str, Any
                 f"sharding.types=[{kind}]", f"sharding.compute_kernel={kernel}",
                 "sharding.min_partition=8",
             ])
-            trainer = Trainer(cfg, env, reader(directory))
+            trainer = Trainer(RunContext.of(cfg, env), reader(directory))
             summary = trainer.train()
             dense = torch.cat([p.flatten() for p in dense_parameters(trainer.dmp).values()])
             plan = plan_ranks(trainer.plan)

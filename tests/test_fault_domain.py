@@ -7,13 +7,9 @@ import os
 import signal
 
 from shadowsync.pipelines.checkpoint import CheckpointUnreadable
-from shadowsync.pipelines.fault_domain import (
-    FaultDomain,
-    FirstFailure,
-    agreed_culprit,
-    failure_message,
-)
-from shadowsync.pipelines.faults import PeerFailed, is_consequence, waits_on_a_peer
+from shadowsync.pipelines.errors import PeerFailed, is_consequence, waits_on_a_peer
+from shadowsync.pipelines.fault_domain import FaultDomain, agreed_culprit
+from shadowsync.pipelines.job_store import FirstFailure, failure_message
 from shadowsync.sync.errors import CollectiveFailed, RoundStalled, SyncError
 
 

@@ -26,15 +26,17 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from torch.distributed.elastic.utils.distributed import get_free_port
 from torchx.runner import get_runner
 from torchx.specs import AppState
 
 from shadowsync.datasets import build_dataset
-from shadowsync.pipelines import checkpoint, faults, train
-from shadowsync.pipelines import evaluator as evaluator_module
+from shadowsync.pipelines import checkpoint, errors, finite, train
+from shadowsync.pipelines import holdout as evaluator_module
 from shadowsync.pipelines.callbacks import TrainCallback
 from shadowsync.pipelines.config import load_config
-from shadowsync.testing import free_port, run_ranks
+from shadowsync.pipelines.context import RunContext
+from shadowsync.testing import run_ranks
 from shadowsync.torchx_components.train import train as train_component
 from tests._dist import SMALL
 from tests.faulty_train import _Poisoned
@@ -306,7 +308,7 @@ def test_a_killed_or_stopped_rank_is_named_by_its_peer(
 def test_stuck_peer_times_out_without_torchrun() -> None:
     """Bare ``python -m`` ranks (no launcher to kill the survivors): a rank whose peer stops
     responding fails after ``train.pg_timeout_s`` instead of waiting forever."""
-    marker, port = uuid.uuid4().hex, free_port()
+    marker, port = uuid.uuid4().hex, get_free_port()
     procs = []
     began = time.monotonic()
     for rank in range(2):
@@ -476,7 +478,8 @@ def _abandoned(rank: int, world_size: int) -> dict[str, Any]:
     the synchronizer's thread must end with it, not keep waiting for a snapshot."""
     env = train.init_distributed(60)
     cfg = load_config("synthetic", SMALL[2:] + ["train.steps=40"])
-    trainer = train.Trainer(cfg, env, build_dataset(cfg.data.name, **cfg.data.options))
+    trainer = train.Trainer(RunContext.of(cfg, env), build_dataset(cfg.data.name,
+                                                                   **cfg.data.options))
     after_step = trainer.wrapper.after_step
 
     def failing() -> None:
@@ -530,8 +533,8 @@ def _control_checks(rank: int, world_size: int) -> dict[str, list[float]]:
             "train.steps=300", "train.control_every_steps=5",
             f"train.control_min_interval_s={floor}", "train.log_every=1000"])
         checks = Periodic()
-        trainer = train.Trainer(cfg, env, build_dataset(cfg.data.name, **cfg.data.options),
-                                callbacks=[checks], clock=checks.clock)
+        trainer = train.Trainer(RunContext.of(cfg, env, callbacks=[checks], clock=checks.clock),
+                                build_dataset(cfg.data.name, **cfg.data.options))
         summary = trainer.train()
         out[name] = checks.steps
         out[f"{name} seconds"] = [summary["train_seconds"]]
@@ -655,31 +658,30 @@ def _non_finite_in_process(rank: int, world_size: int, out: str) -> dict[str, An
         cfg = load_config("synthetic", SMALL[2:] + overrides)
         dataset = _Poisoned(build_dataset(cfg.data.name, **cfg.data.options), 1, fault[0],
                             fault[1])
-        trainer = train.Trainer(cfg, env, dataset)
+        trainer = train.Trainer(RunContext.of(cfg, env), dataset)
         trainer.watch.poll = lambda: None  # type: ignore[method-assign]  # as on a GPU
         try:
             trainer.train()
             results[case] = {"error": None, "step": trainer.step}
-        except faults.NonFiniteValue as e:
+        except errors.NonFiniteValue as e:
             results[case] = {"error": type(e).__name__, "message": str(e), "step": trainer.step}
     # Finite predictions, metrics that are not (an eval split of one class): fails too.
-    trainer = train.Trainer(load_config("synthetic", SMALL[2:] + ["train.steps=5"]), env,
-                            build_dataset(cfg.data.name, **cfg.data.options))
+    trainer = train.Trainer(RunContext.of(load_config("synthetic", SMALL[2:] + ["train.steps=5"]),
+                                          env), build_dataset(cfg.data.name, **cfg.data.options))
     exact = evaluator_module.gather_metrics
     evaluator_module.gather_metrics = lambda logits, labels: exact(logits, labels.mul(0))
     try:
         trainer.train()
         results["metrics"] = {"error": None}
-    except faults.NonFiniteValue as e:
+    except errors.NonFiniteValue as e:
         results["metrics"] = {"error": type(e).__name__, "message": str(e)}
     finally:
         evaluator_module.gather_metrics = exact
     # A finite gradient too large to square on rank 1 in step 13 (Adagrad's state turns inf;
     # no replica sync, so only there): found before the next record, at step 20.
-    trainer = train.Trainer(load_config("synthetic", SMALL[2:] + [
+    trainer = train.Trainer(RunContext.of(load_config("synthetic", SMALL[2:] + [
         "train.steps=30", "train.log_every=10", "optim.dense=adagrad",
-        "sync.strategy.name=none"]),
-        env, build_dataset(cfg.data.name, **cfg.data.options))
+        "sync.strategy.name=none"]), env), build_dataset(cfg.data.name, **cfg.data.options))
     step_optimizer = trainer.optimizer.step
 
     def huge_gradient(*args: Any, **kwargs: Any) -> Any:
@@ -691,7 +693,7 @@ def _non_finite_in_process(rank: int, world_size: int, out: str) -> dict[str, An
     try:
         trainer.train()
         results["state"] = {"error": None}
-    except faults.NonFiniteValue as e:
+    except errors.NonFiniteValue as e:
         results["state"] = {"error": type(e).__name__, "message": str(e), "step": trainer.step}
     return results
 
@@ -714,7 +716,7 @@ def test_ranks_agree_on_who_went_non_finite_first(tmp_path: Path) -> None:
         "check after step 30")
     assert r0["loss"]["error"] == "PeerNonFinite"
     assert r0["loss"]["message"].startswith("rank(s) [1] went non-finite first")
-    assert faults.is_consequence(faults.PeerNonFinite("x"))
+    assert errors.is_consequence(errors.PeerNonFinite("x"))
     assert r1["eval"]["error"] == "NonFiniteValue"
     assert r1["eval"]["message"].startswith(
         "non-finite eval predictions (NaN or inf) at step 10 on rank 1")
@@ -746,7 +748,7 @@ def test_watch_on_cpu_names_the_first_step_of_each_kind(optimizer: str) -> None:
     params = [p for p in model.parameters() if p.requires_grad] + [model[1].bias]
     make = {"adagrad": torch.optim.Adagrad, "adam": torch.optim.Adam}[optimizer]
     opt = make(params, lr=0.1)
-    watch = faults.FiniteWatch(params, torch.device("cpu"), opt)
+    watch = finite.FiniteWatch(params, torch.device("cpu"), opt)
 
     def step(n: int, grad: float | None = None, loss_scale: float = 1.0) -> list[int] | None:
         opt.zero_grad()
@@ -775,12 +777,12 @@ def test_watch_on_cpu_names_the_first_step_of_each_kind(optimizer: str) -> None:
         model.load_state_dict({k: torch.randn_like(v) for k, v in model.state_dict().items()})
 
     restore()
-    watch = faults.FiniteWatch(params, torch.device("cpu"), opt)
+    watch = finite.FiniteWatch(params, torch.device("cpu"), opt)
     assert step(6) == [0, 0, 0] and watch.first_steps(6) == [0, 0, 0]
     restore()
     assert step(7, grad=1e30) == [0, 0, 0] and watch.first_steps(7) == [0, 0, 7]
     restore()
-    watch = faults.FiniteWatch(params, torch.device("cpu"), opt)
+    watch = finite.FiniteWatch(params, torch.device("cpu"), opt)
     assert step(8, grad=math.nan) == [0, 8, 0]
     assert step(9, loss_scale=math.inf) == [9, 8, 0]
     assert watch.first_steps(9) == [9, 8, 0]  # the state went NaN from the gradient: not named
@@ -790,11 +792,11 @@ def test_watch_on_cpu_names_the_first_step_of_each_kind(optimizer: str) -> None:
 
 
 def test_non_finite_message_orders_by_step_then_kind() -> None:
-    kinds = faults.FiniteWatch.KINDS
-    assert faults.non_finite_message(torch.zeros(2, 2), kinds) is None
-    found = faults.non_finite_message(torch.tensor([[0.0, 7.0], [7.0, 7.0], [9.0, 0.0]]), kinds)
+    kinds = finite.FiniteWatch.KINDS
+    assert finite.non_finite_message(torch.zeros(2, 2), kinds) is None
+    found = finite.non_finite_message(torch.tensor([[0.0, 7.0], [7.0, 7.0], [9.0, 0.0]]), kinds)
     assert found == ("non-finite loss (NaN or inf) at step 7 on rank 1 (seen by rank 0: dense "
                      "gradients at step 7; rank 1: loss and dense gradients at step 7; rank 2: "
                      "loss at step 9)", [1])
-    _, first = faults.non_finite_message(torch.tensor([[3.0, 3.0], [3.0, 0.0]]), kinds)
+    _, first = finite.non_finite_message(torch.tensor([[3.0, 3.0], [3.0, 0.0]]), kinds)
     assert first == [0, 1]  # a tie: both saw the loss go non-finite in step 3

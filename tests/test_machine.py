@@ -155,7 +155,8 @@ def test_the_wire_carries_every_payload_and_reads_the_control_slots(
                                Control(pause_steps=2.5))
     assert [p.tolist() for p in wire.payloads] == [[1.0, 2.0, 3.0], [4.0, 5.0]]
     assert (agreement.stop, agreement.pause_steps) == (False, 3)
-    assert agreement.nbytes == (5 + 3 + 1) * 4  # payloads, 3 slots, 1 flag and wire.state is WireState.OPEN
+    assert agreement.nbytes == (5 + 3 + 1) * 4  # the payloads, 3 slots, 1 abort flag
+    assert wire.state is WireState.OPEN
     wire.allreduce(None, Control(stop=True))
     assert wire.state is WireState.PEERS_LEFT
     with pytest.raises(RuntimeError, match="send in state PEERS_LEFT"):

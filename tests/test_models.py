@@ -40,6 +40,7 @@ from shadowsync.models.wide_deep import WIDE_DIM
 from shadowsync.models.zoo import sparse_modules
 from shadowsync.pipelines import build, checkpoint
 from shadowsync.pipelines.config import load_config
+from shadowsync.pipelines.context import RunContext
 from shadowsync.pipelines.evaluate import checkpoint_config, evaluate_checkpoint
 from shadowsync.pipelines.metrics import gather_metrics
 from shadowsync.pipelines.train import Trainer, init_distributed
@@ -299,7 +300,8 @@ def _train_every_model(rank: int, world_size: int, root: str) -> dict[str, Any]:
         cfg = _config(model, f"train.steps={STEPS}", "train.seed=3",
                       f"checkpoint.dir={root}/{model}")
         dataset = build_dataset(cfg.data.name, **cfg.data.options)
-        trainer = Trainer(cfg, env, dataset)  # meta -> planned, sharded, materialized by DMP
+        # meta -> planned, sharded, materialized by DMP
+        trainer = Trainer(RunContext.of(cfg, env), dataset)
         start = {n: p.detach().clone() for n, p in dense_parameters(trainer.dmp).items()}
         summary = trainer.train()
         end = {n: p.detach().clone() for n, p in dense_parameters(trainer.dmp).items()}
@@ -308,7 +310,7 @@ def _train_every_model(rank: int, world_size: int, root: str) -> dict[str, Any]:
         out[model] = {"start": start, "end": end, "summary": summary, "evaluated": evaluated}
     for model, sync in OTHER_SYNCS.items():
         cfg = _config(model, f"train.steps={STEPS}", "train.seed=3", *sync)
-        trainer = Trainer(cfg, env, build_dataset(cfg.data.name, **cfg.data.options))
+        trainer = Trainer(RunContext.of(cfg, env), build_dataset(cfg.data.name, **cfg.data.options))
         summary = trainer.train()
         end = {n: p.detach().clone() for n, p in dense_parameters(trainer.dmp).items()}
         out[f"{model} {sync[0]}"] = {"end": end, "summary": summary}

@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from shadowsync.testing import free_port
+from torch.distributed.elastic.utils.distributed import get_free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -82,7 +81,7 @@ def test_config_imports_without_torch() -> None:
 
 @pytest.mark.slow
 def test_shadow_sync_on_a_plain_pytorch_model() -> None:
-    port = free_port()
+    port = get_free_port()
     procs = [subprocess.Popen(
         [sys.executable, "-c", "import json\n" + _BLOCK + _EXAMPLE], cwd=REPO,
         env={**os.environ, "RANK": str(r), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",

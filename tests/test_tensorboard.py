@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from shadowsync.pipelines.config import load_config
+from shadowsync.pipelines.context import RunContext
 from shadowsync.pipelines.logbook import board_scalars
 from shadowsync.testing import run_ranks
 from tests._dist import SMALL
@@ -36,7 +37,7 @@ def _train(rank: int, world_size: int, out: str) -> None:
                                     "eval.every_steps=10", "sync.strategy.name=ma",
                                     "sync.schedule.mode=shadow", "logging.tensorboard=true",
                                     f"output_dir={out}"])
-    with Trainer(cfg, init_distributed(60), build_dataset(cfg.data.name,
+    with Trainer(RunContext.of(cfg, init_distributed(60)), build_dataset(cfg.data.name,
                                                           **cfg.data.options)) as trainer:
         trainer.train()
 

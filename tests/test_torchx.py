@@ -14,7 +14,6 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from torch.distributed.elastic.utils.distributed import get_free_port
 from torchx.components.component_test_base import ComponentTestCase
 from torchx.runner import Runner, get_runner
 from torchx.specs import AppState, AppStatus
@@ -53,12 +53,6 @@ TRICKY = [
     "model.dense_arch_layer_sizes=[32, 16]",
 ]
 RUN_TIMEOUT_S = 150
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -404,7 +398,7 @@ def test_two_nodes_meet_through_c10d_rendezvous(tmp_path: Path) -> None:
     """``-j 2x1`` on local_cwd: two torchrun agents (one per "node") rendezvous on a free port;
     ``${app_id}`` in an override is expanded by torchx."""
     app = train(*SHORT, f"output_dir={tmp_path}/${{app_id}}", config="synthetic", j="2x1",
-                rdzv_port=_free_port(),
+                rdzv_port=get_free_port(),
                 env={"OMP_NUM_THREADS": "1"})  # the two "nodes" share 2 cores
     with get_runner() as runner:
         handle = runner.run(app, "local_cwd", cfg={"log_dir": str(tmp_path / "logs")})

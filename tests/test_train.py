@@ -10,6 +10,7 @@ import torch
 
 from shadowsync.datasets import build_dataset
 from shadowsync.pipelines.config import load_config
+from shadowsync.pipelines.context import RunContext
 from shadowsync.pipelines.train import Trainer, init_distributed, plan_ranks
 from shadowsync.sync.wrapper import dense_parameters
 from shadowsync.testing import run_ranks
@@ -39,7 +40,7 @@ def _train(rank: int, world_size: int, runs: list[list[str]],
     for overrides in runs:
         cfg = load_config(preset, common + overrides)
         dataset = build_dataset(cfg.data.name, **cfg.data.options)
-        trainer = Trainer(cfg, env, dataset)
+        trainer = Trainer(RunContext.of(cfg, env), dataset)
         with collections() as collected:
             summary = trainer.train()
         dense = torch.cat([p.detach().flatten() for p in dense_parameters(trainer.dmp).values()])

@@ -1,11 +1,14 @@
-"""The train/eval loop: TorchRec's pipeline, the dense synchronizer's lifecycle, and the parts
-that record, evaluate, checkpoint and agree, composed on the schedule of a step."""
+"""The train/eval loop (:class:`Trainer`): TorchRec's pipeline, the dense synchronizer's
+lifecycle, and the parts that record, evaluate, checkpoint and agree, composed on the
+schedule of a step."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import itertools
-import time
-from collections.abc import Callable, Iterator, Sequence
+import json
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -15,19 +18,27 @@ from torchrec.datasets.utils import Batch
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 
 from shadowsync.datasets import RecDataset
-from shadowsync.pipelines import faults
-from shadowsync.pipelines.build import DistEnv, build_optimizer, build_sharded_model
-from shadowsync.pipelines.callbacks import Callbacks, TrainCallback
-from shadowsync.pipelines.checkpointer import Checkpointer
+from shadowsync.pipelines import checkpoint
+from shadowsync.pipelines.build import build_optimizer, build_sharded_model
 from shadowsync.pipelines.collector import StepCollector
-from shadowsync.pipelines.config import RunConfig
+from shadowsync.pipelines.config import RunConfig, dump_config
 from shadowsync.pipelines.console import ConsoleLog, planned_steps
-from shadowsync.pipelines.control import ControlExchange
-from shadowsync.pipelines.evaluator import Evaluator
-from shadowsync.pipelines.fault_domain import FaultDomain
+from shadowsync.pipelines.context import RunContext
+from shadowsync.pipelines.control import ControlExchange, ControlGroup
+from shadowsync.pipelines.errors import NonFiniteValue, PeerNonFinite, is_consequence
+from shadowsync.pipelines.finite import FiniteWatch
+from shadowsync.pipelines.holdout import Evaluator
 from shadowsync.pipelines.logbook import Logbook
 from shadowsync.pipelines.metrics import TrainingMetrics
 from shadowsync.pipelines.position import DataPosition
+from shadowsync.pipelines.run_state import (
+    Checkpointer,
+    CheckpointParts,
+    DenseOptimizers,
+    DenseReplica,
+    RNGState,
+    ShardedState,
+)
 from shadowsync.sync.errors import SyncError
 from shadowsync.sync.wrapper import (
     DDPReplicas,
@@ -35,6 +46,8 @@ from shadowsync.sync.wrapper import (
     build_replica_wrapper,
     dense_parameters,
 )
+
+__all__ = ["Trainer"]
 
 
 class _Stopwatch:
@@ -55,13 +68,15 @@ class _Stopwatch:
 class Trainer:
     """Trains on TorchRec's ``TrainPipelineSparseDist``, and evaluates, checkpoints and resumes.
 
-    Composed of parts, each in its own module: :class:`~.logbook.Logbook` (records, console,
-    ``metrics.jsonl``), :class:`~.evaluator.Evaluator`, :class:`~.checkpointer.Checkpointer`
-    (what a checkpoint holds, the ranks' agreement on which loads) and
-    :class:`~.control.ControlExchange` (non-finite values, a failed synchronizer, stops).
-    The dense synchronizer (the replica wrapper) sees the loop at four points: ``after_step``
-    between steps, ``pause``/``resume`` around every evaluation and checkpoint (with the final
-    sync, so the model evaluated or saved is one model), and ``finish`` at the end.
+    Composed of parts, each in its own module and built from the run's context
+    (:class:`~.context.RunContext`): :class:`~.logbook.Logbook` (records, console,
+    ``metrics.jsonl``), :class:`~.holdout.Evaluator`, :class:`~.run_state.Checkpointer` (what
+    a checkpoint holds, asked of the parts that own it, and the ranks' agreement on which
+    loads) and :class:`~.control.ControlExchange` (non-finite values, a failed synchronizer,
+    stops). The dense synchronizer (the replica wrapper) sees the loop at four points:
+    ``after_step`` between steps, ``pause``/``resume`` around every evaluation and checkpoint
+    (with the final sync, so the model evaluated or saved is one model), and ``finish`` at the
+    end.
 
     The schedule of a step, after ``TrainPipelineSparseDist.progress`` ran it (forward,
     backward, optimizer step; the next batch's input distribution already started):
@@ -87,7 +102,7 @@ class Trainer:
     every rank stops after the same step, finishes the synchronizer, writes a checkpoint and
     returns a summary with ``preempted: True`` (no final evaluation).
 
-    A run that goes non-finite fails (:class:`~.faults.NonFiniteValue`, naming the step, the
+    A run that goes non-finite fails (:class:`~.errors.NonFiniteValue`, naming the step, the
     rank and what): a rank whose own loss went non-finite fails at once (its peers stop with
     ``PeerFailed`` naming it); what the poll has not shown yet (on GPUs it lags a step or more),
     non-finite gradients and a dense optimizer state turned inf are compared across ranks at
@@ -95,40 +110,35 @@ class Trainer:
     and the earliest (step, then loss before gradients) is named. Nothing non-finite is
     logged, checkpointed or summarized.
 
+    Args:
+        ctx: the run: its settings, its place in the job, fault domain, callbacks and clock.
+        dataset: what it trains and evaluates on.
+        wrapper: the data-parallel wrapper to train with instead of the one ``sync.*`` names
+            (``build_replica_wrapper(cfg.sync, ctx.domain)``), e.g. a benchmark's.
+
     Example::
 
         env = init_distributed(cfg.train.pg_timeout_s)
-        trainer = Trainer(cfg, env, build_dataset(cfg.data.name, **cfg.data.options))
+        trainer = Trainer(RunContext.of(cfg, env), build_dataset(cfg.data.name,
+                                                                 **cfg.data.options))
         trainer.maybe_resume()
         summary = trainer.train()
     """
 
-    def __init__(self, cfg: RunConfig, env: DistEnv, dataset: RecDataset,
-                 wrapper: LocalReplicas | DDPReplicas | None = None,
-                 domain: FaultDomain | None = None,
-                 callbacks: Sequence[TrainCallback] = (),
-                 clock: Callable[[], float] = time.perf_counter) -> None:
-        """``wrapper``: the data-parallel wrapper to train with instead of the one ``sync.*``
-        names (``build_replica_wrapper(cfg.sync)``), e.g. a benchmark's. ``domain``: the
-        process's fault domain, which the synchronizer reports to and whose stop requests the
-        ranks agree on (a new one, without a SIGTERM handler, by default). ``callbacks``:
-        instrumentation (:class:`~.callbacks.TrainCallback`). ``clock``: seconds, what the
-        trainer times with (training time and examples/s, the pace that spaces the control
-        checks, phases)."""
-        self.clock = clock
-        self.cfg, self.env, self.dataset = cfg, env, dataset
-        self.domain = FaultDomain() if domain is None else domain
-        self.wrapper = (build_replica_wrapper(cfg.sync, self.domain) if wrapper is None
+    def __init__(self, ctx: RunContext, dataset: RecDataset,
+                 wrapper: LocalReplicas | DDPReplicas | None = None) -> None:
+        cfg, env = ctx.cfg, ctx.env
+        self.ctx, self.dataset = ctx, dataset
+        self.wrapper = (build_replica_wrapper(cfg.sync, ctx.domain) if wrapper is None
                         else wrapper)
         self.dmp, self.plan = build_sharded_model(cfg, dataset.spec, env, self.wrapper)
         self.optimizer = build_optimizer(cfg, self.dmp)
         self.pipeline = TrainPipelineSparseDist(self.dmp, self.optimizer, env.device)
-        self.callbacks = Callbacks(callbacks, clock)
         self.position = DataPosition()
         self.collector = StepCollector(cfg.train.gc_every_steps)
-        self.watch = faults.FiniteWatch(list(dense_parameters(self.dmp).values()), env.device,
-                                        self.optimizer)
-        self._group = faults.Control(cfg.train.pg_timeout_s)
+        self.watch = FiniteWatch(list(dense_parameters(self.dmp).values()), env.device,
+                                 self.optimizer)
+        self._control = ControlGroup(cfg.train.pg_timeout_s)
         # Gloo, like the synchronizer's group: the metrics reduce from a thread of their own,
         # where NCCL beside the training loop's communicator is not safe.
         self._metrics_group = dist.new_group(
@@ -137,15 +147,21 @@ class Trainer:
                                   self._metrics_group)
         console = ConsoleLog(planned_steps(cfg.train.steps, cfg.train.epochs, dataset,
                                            cfg.train.batch_size, env.world_size))
-        self.log = Logbook(cfg, env, console, metrics, self.wrapper.stats, self.callbacks,
-                           clock)
-        self.evaluator = Evaluator(cfg, env, dataset, self.dmp, self.pipeline, self.wrapper,
-                                   self._group)
-        self.checkpoints = Checkpointer(cfg, env, dataset, self.dmp, self.optimizer,
-                                        self.wrapper, self.position, self.evaluator,
-                                        self._group, self.log.log)
-        self.control = ControlExchange(cfg, env, self._group, self.watch, self.domain,
-                                       self.wrapper, self.callbacks, clock)
+        self.log = Logbook(ctx, console, metrics, self.wrapper.stats)
+        self.evaluator = Evaluator(ctx, dataset, self.dmp, self.pipeline, self._control)
+        self.checkpoints = Checkpointer(ctx, CheckpointParts(
+            sharded=ShardedState(self.dmp),
+            local={"dense": DenseReplica(self.dmp), "optimizers": DenseOptimizers(self.optimizer),
+                   "sync": self.wrapper, "rng": RNGState(env.device), "position": self.position,
+                   "evaluation": self.evaluator},
+            files={checkpoint.CONFIG: dump_config(cfg),
+                   checkpoint.SPEC: json.dumps(dataclasses.asdict(dataset.spec))},
+        ), self.wrapper, self._control)
+        self.control = ControlExchange(ctx, self._control, self.watch, self.wrapper)
+
+    @property
+    def cfg(self) -> RunConfig:
+        return self.ctx.cfg
 
     @property
     def step(self) -> int:
@@ -157,7 +173,7 @@ class Trainer:
         the metrics group); every rank, after :meth:`train` returned. After a failure, leave
         them: a destroy could wait on a peer that is gone (the process exits instead)."""
         self.wrapper.close()
-        dist.destroy_process_group(self._group.group)
+        dist.destroy_process_group(self._control.group)
         dist.destroy_process_group(self._metrics_group)
 
     def __enter__(self) -> Trainer:
@@ -169,13 +185,42 @@ class Trainer:
 
     def maybe_resume(self) -> bool:
         """Collective: restores the newest checkpoint that loads on every rank, if any
-        (:meth:`~.checkpointer.Checkpointer.maybe_resume`)."""
-        return self.checkpoints.maybe_resume()
+        (:meth:`~.run_state.Checkpointer.maybe_resume`); whether one was."""
+        found = self.checkpoints.maybe_resume()
+        if found is not None:
+            self.log.log({"step": self.step, "resumed_from": found.path})
+        return found is not None
+
+    def restore(self, found: checkpoint.CheckpointInfo) -> None:
+        """Collective: restores ``found`` (:meth:`~.run_state.Checkpointer.restore`)."""
+        self.checkpoints.restore(found)
+        self.log.log({"step": self.step, "resumed_from": found.path})
+
+    def _save(self) -> None:
+        """Collective: the checkpoint of this step, unless written or there is no
+        ``checkpoint.dir``."""
+        path = self.checkpoints.save(self.step)
+        if path is not None:
+            self.log.log({"step": self.step, "checkpoint": path})
+
+    def evaluate(self) -> dict[str, float]:
+        """Collective: the model of this step on the eval split, the replicas held still
+        (paused with the final sync) meanwhile (:meth:`~.holdout.Evaluator.evaluate`)."""
+        with self._held(consensus=True):
+            return self.evaluator.evaluate(self.step)
+
+    @contextlib.contextmanager
+    def _held(self, consensus: bool) -> Iterator[None]:
+        """The replicas hold still (one model, with ``consensus``) while what is inside runs;
+        they resume after it, unless it raised (training then ends)."""
+        self.wrapper.pause(consensus)
+        yield
+        self.wrapper.resume()
 
     def train(self) -> dict[str, Any]:
         """Trains to ``train.steps`` (or the epochs' end) or until preempted; every rank.
 
-        Raises :class:`~.faults.NonFiniteValue` if the run went non-finite. When another
+        Raises :class:`~.errors.NonFiniteValue` if the run went non-finite. When another
         error ends training first (say the synchronizer found a non-finite replica) on a rank
         whose own loss or dense gradients had gone non-finite, that is what this rank reports,
         with the error as its cause. Likewise a failure of this rank's own synchronizer is
@@ -190,16 +235,16 @@ class Trainer:
             except BaseException:
                 self.wrapper.abandon()
                 raise
-        except faults.NonFiniteValue:
+        except NonFiniteValue:
             raise
         except Exception as e:
-            seen = self.watch.local_message(self.env.rank, self.env.world_size)
+            seen = self.watch.local_message(self.ctx.env.rank, self.ctx.env.world_size)
             if seen is None:
                 own = self.wrapper.sync_failure()
-                if own is None or isinstance(e, SyncError) or faults.is_consequence(own):
+                if own is None or isinstance(e, SyncError) or is_consequence(own):
                     raise
                 raise own from e
-            cls = faults.PeerNonFinite if faults.is_consequence(e) else faults.NonFiniteValue
+            cls = PeerNonFinite if is_consequence(e) else NonFiniteValue
             raise cls(f"{seen}; found on this rank when training failed with "
                       f"{type(e).__name__}: {e}") from e
 
@@ -207,11 +252,11 @@ class Trainer:
     def _train(self) -> dict[str, Any]:
         """Trains from the current position on the schedule of the class docstring's table;
         returns the summary."""
-        first_step, clock, preempted = self.step, _Stopwatch(self.clock), False
+        first_step, clock, preempted = self.step, _Stopwatch(self.ctx.clock), False
         self.log.open(self.step)
         self.control.start(self.step)
         self.dmp.train()
-        self.callbacks.train_start(self)
+        self.ctx.callbacks.train_start(self)
         self._evaluate_if_due()  # resumed from a preemption that stopped before it
         segments = self._segments()
         while not preempted:
@@ -236,12 +281,12 @@ class Trainer:
             # Agree before anything that pauses the synchronizer, so no rank pauses a runner
             # that another rank has given up on.
             if checkpoint_due or self.control.due(self.step):
-                with self.callbacks.phase("shadowsync.train.control"):
+                with self.ctx.callbacks.phase("shadowsync.train.control"):
                     if self.control.agree(self.step, now=checkpoint_due):
                         return True
             if checkpoint_due:
                 clock.stop()
-                self.checkpoints.save()
+                self._save()
                 clock.start()
                 self.control.restart_pace(self.step, clock.started)
         return False
@@ -259,15 +304,15 @@ class Trainer:
                     labels: torch.Tensor) -> None:
         """What follows a training step, up to its record: the rows of the table above the
         control check."""
-        phase = self.callbacks.phase
+        phase = self.ctx.callbacks.phase
         with phase("shadowsync.train.watch"):
             self.watch.observe(self.step + 1, loss)
             seen = self.watch.poll()
         if seen is not None and seen[0]:  # this rank's loss: fail now (peers learn it from the
             # job's failure report); gradients wait for the exchange, where the loss that made
             # them non-finite (DDP spreads it) is named first
-            raise faults.NonFiniteValue(
-                f"{self.watch.local_message(self.env.rank, self.env.world_size, seen)}"
+            raise NonFiniteValue(
+                f"{self.watch.local_message(self.ctx.env.rank, self.ctx.env.world_size, seen)}"
                 "; found on this rank at once")
         with phase("shadowsync.train.after_step"):
             self.wrapper.after_step()
@@ -276,7 +321,7 @@ class Trainer:
             self.log.add(loss, logits, labels)
         with phase("shadowsync.train.gc"):
             self.collector.after_step(self.step)
-        self.callbacks.step_end(self.step)
+        self.ctx.callbacks.step_end(self.step)
         if self.step % self.cfg.train.log_every == 0:
             with phase("shadowsync.train.log"):
                 self.control.check_finite(self.step, f"before the log of step {self.step}")
@@ -289,7 +334,7 @@ class Trainer:
         budget, every = self.cfg.train.steps, self.cfg.eval.every_steps
         while self.position.epoch < self.cfg.train.epochs:
             stream = self.position.batches(self.dataset, self.cfg.train.batch_size,
-                                           self.env.rank, self.env.world_size)
+                                           self.ctx.env.rank, self.ctx.env.world_size)
             while True:
                 limits = [x for x in (
                     None if budget is None else budget - self.step,
@@ -307,7 +352,7 @@ class Trainer:
     def _evaluate_if_due(self) -> None:
         """Evaluates and logs if ``eval.every_steps`` falls on this step and it was not done."""
         if self.evaluator.due(self.step):
-            metrics = self.evaluator.evaluate(self.step)
+            metrics = self.evaluate()
             self.log.log({"step": self.step, **{f"eval_{k}": v for k, v in metrics.items()}})
             self.collector.collect_all()
 
@@ -315,9 +360,9 @@ class Trainer:
         """The synchronizer's final sync, a last checkpoint, the final evaluation (not after a
         stop) and the summary of the ``steps`` trained in ``train_s`` seconds."""
         self.wrapper.finish()
-        self.checkpoints.save()
-        final = {} if preempted else self.evaluator.evaluate(self.step)
-        examples = self.cfg.train.batch_size * self.env.world_size * steps
+        self._save()
+        final = {} if preempted else self.evaluate()
+        examples = self.cfg.train.batch_size * self.ctx.env.world_size * steps
         summary = {
             "step": self.step,
             **({"preempted": True} if preempted else {}),

@@ -1,5 +1,5 @@
-"""Evaluation during training: exact metrics over the whole eval split, every rank's
-predictions gathered, checked for non-finite values on every rank."""
+"""Evaluation on the held-out (eval) split during training: exact metrics over the whole
+split, every rank's predictions gathered, checked for non-finite values on every rank."""
 
 from __future__ import annotations
 
@@ -13,27 +13,33 @@ from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 
 from shadowsync.datasets import RecDataset
-from shadowsync.pipelines import faults
-from shadowsync.pipelines.build import DistEnv
-from shadowsync.pipelines.config import RunConfig
+from shadowsync.pipelines.context import RunContext
+from shadowsync.pipelines.control import ControlGroup
+from shadowsync.pipelines.errors import NonFiniteValue
+from shadowsync.pipelines.finite import raise_if_non_finite
 from shadowsync.pipelines.metrics import gather_metrics
-from shadowsync.sync.wrapper import DDPReplicas, LocalReplicas
 
 
 class Evaluator:
     """Evaluates the trained model on ``eval.*``'s schedule (:meth:`due`), on the training
     pipeline (it drains first: the training stream is cut where evaluations fall).
 
-    The synchronizer is paused with the final sync around it, so every rank evaluates one
-    model. :attr:`last_step` is the step of the last evaluation (a checkpoint keeps it, so a
+    The caller holds the replicas still (paused with the final sync), so every rank evaluates
+    one model. :attr:`last_step` is the step of the last evaluation, its checkpoint state (a
     resumed run does not evaluate a step twice).
+
+    Args:
+        ctx: the run (``eval.*``, this rank's place in the world).
+        dataset: whose eval split is read.
+        dmp: the model, put in eval mode while evaluating.
+        pipeline: the training pipeline, which runs the eval batches.
+        control: where the ranks agree that every prediction is finite.
     """
 
-    def __init__(self, cfg: RunConfig, env: DistEnv, dataset: RecDataset,
-                 dmp: DistributedModelParallel, pipeline: TrainPipelineSparseDist,
-                 wrapper: LocalReplicas | DDPReplicas, control: faults.Control) -> None:
-        self.cfg, self.env, self.dataset, self.dmp = cfg, env, dataset, dmp
-        self.pipeline, self.wrapper, self.control = pipeline, wrapper, control
+    def __init__(self, ctx: RunContext, dataset: RecDataset, dmp: DistributedModelParallel,
+                 pipeline: TrainPipelineSparseDist, control: ControlGroup) -> None:
+        self.cfg, self.env, self.dataset, self.dmp = ctx.cfg, ctx.env, dataset, dmp
+        self.pipeline, self.control = pipeline, control
         self.last_step = 0
 
     def due(self, step: int) -> bool:
@@ -43,9 +49,8 @@ class Evaluator:
 
     def evaluate(self, step: int) -> dict[str, float]:
         """Collective: exact metrics over the whole eval split after training step ``step``.
-        Raises :class:`~.faults.NonFiniteValue` on every rank if any rank's predictions, or the
+        Raises :class:`~.errors.NonFiniteValue` on every rank if any rank's predictions, or the
         metrics, are not finite."""
-        self.wrapper.pause(consensus=True)
         self.dmp.eval()
         batches: Iterator[Batch] = self.dataset.eval_batches(
             self.cfg.eval.batch_size, self.env.rank, self.env.world_size)
@@ -61,18 +66,23 @@ class Evaluator:
                 logits.append(out_logits.float())
                 labels.append(out_labels.float())
         self.dmp.train()
-        self.wrapper.resume()
         self.last_step = step
         empty = torch.empty(0, device=self.env.device)
         local = torch.cat(logits) if logits else empty
         finite = bool(torch.isfinite(local).all())
         where = f"in the evaluation after step {step}"
-        faults.raise_if_non_finite(self.control.exchange([0 if finite else max(step, 1)]),
-                                   ["eval predictions"], self.env.rank, where)
+        raise_if_non_finite(self.control.exchange([0 if finite else max(step, 1)]),
+                            ["eval predictions"], self.env.rank, where)
         metrics = gather_metrics(local, torch.cat(labels) if labels else empty)
         bad = {k: v for k, v in metrics.items() if not math.isfinite(v)}
         if bad:  # the same on every rank: computed from every rank's (finite) predictions
-            raise faults.NonFiniteValue(
+            raise NonFiniteValue(
                 f"non-finite eval metrics {bad} {where}, from finite predictions of every rank "
                 f"(eval click rate {metrics['ctr']}, {metrics['examples']:.0f} examples)")
         return metrics
+
+    def state_dict(self) -> dict[str, int]:
+        return {"last_step": self.last_step}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.last_step = int(state["last_step"])

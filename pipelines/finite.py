@@ -1,133 +1,16 @@
-"""What a training process's faults are: the exceptions that say who failed, ranks agreeing on
-local facts (:class:`Control`), and runs that go non-finite (:class:`FiniteWatch`). Where a
-failure is found, decided and reported is :mod:`.fault_domain`.
-
-Exit codes of ``python -m shadowsync.pipelines.train``:
-
-====  ==============================================================================
-code  meaning
-====  ==============================================================================
-0     trained to the end
-1     this rank failed (its log says ``rank N failed: ...``; torchrun's summary names the
-      first failing rank), including a run that went non-finite (:class:`NonFiniteValue`:
-      the step, the rank that saw it first and what: loss, dense gradients, eval predictions
-      or eval metrics)
-2     bad configuration or data set, found before any process group started
-143   preempted: SIGTERM reached some rank, every rank stopped after the same step and the
-      checkpoint of that step was written; relaunch with ``checkpoint.resume=true`` (the
-      default) to continue. 143 (128 + SIGTERM) and not 0, so that torchrun, torchx and
-      schedulers never take a preempted job for a finished one.
-====  ==============================================================================
-"""
+"""Runs that go non-finite: :class:`FiniteWatch` remembers the first step at which the loss, the
+dense gradients or the dense optimizer's state went non-finite, and the ranks compare what
+each saw (:func:`raise_if_non_finite`), so the job's failure names the first."""
 
 from __future__ import annotations
 
-import signal
-from collections.abc import Callable, Iterator, Sequence
-from datetime import timedelta
-from typing import Any
+from collections.abc import Sequence
 
 import torch
-import torch.distributed as dist
-from torch.distributed.checkpoint.api import CheckpointException
 
-from shadowsync.sync.errors import CollectiveFailed, PeerAborted, RoundStalled
+from shadowsync.pipelines.errors import NonFiniteValue, PeerNonFinite
 
-__all__ = ["FAILURES", "PREEMPTED_EXIT_CODE", "Control", "FiniteWatch", "NonFiniteValue",
-           "PeerFailed", "PeerNonFinite", "causes", "is_consequence", "non_finite_message",
-           "raise_if_non_finite", "waits_on_a_peer"]
-
-PREEMPTED_EXIT_CODE = 128 + signal.SIGTERM
-# What a rank's failure may be: PyTorch's CheckpointException derives from BaseException.
-FAILURES: tuple[type[BaseException], ...] = (Exception, CheckpointException)
-
-
-class PeerFailed(RuntimeError):
-    """This rank stopped because another rank failed first (the message names it)."""
-
-
-def causes(exc: BaseException | None) -> Iterator[BaseException]:
-    """``exc`` and what caused it; a chain of causes that loops back is followed once round."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        yield exc
-        seen.add(id(exc))
-        exc = exc.__cause__
-
-
-def is_consequence(exc: BaseException | None) -> bool:
-    """Whether ``exc`` (or what caused it) says that another rank failed first."""
-    return any(isinstance(e, (PeerAborted, PeerNonFinite, PeerFailed)) for e in causes(exc))
-
-
-def waits_on_a_peer(exc: BaseException | None) -> bool:
-    """Whether ``exc`` (or what caused it) is a synchronization round that failed in its
-    collective (:class:`~shadowsync.sync.protocol.CollectiveFailed`) or stalled while this
-    rank waited there for a peer's part: the cause is likely a peer's, which finds its own
-    stall at about the same deadline."""
-    return any(isinstance(e, CollectiveFailed) or (isinstance(e, RoundStalled)
-                                                   and e.in_collective) for e in causes(exc))
-
-
-class Control:
-    """Ranks agree on local facts (SIGTERM seen, synchronizer failed, checkpoint unreadable)
-    through one small allreduce on a gloo group of their own.
-
-    Gloo on CPU tensors, even beside NCCL training, so that asking never synchronizes a GPU
-    stream; every rank must call :meth:`ranks_raising` at the same point of its loop.
-    """
-
-    def __init__(self, timeout_s: float) -> None:
-        self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
-        self.rank = dist.get_rank()
-        self.world_size = dist.get_world_size()
-
-    def exchange(self, values: Sequence[float]) -> torch.Tensor:
-        """Collective: every rank's ``values``, as a ``world_size x len(values)`` float64 table
-        (exact for integers below 2**53, such as step numbers)."""
-        return self.start_exchange(values)()
-
-    def start_exchange(self, values: Sequence[float]) -> Callable[[], torch.Tensor]:
-        """Collective, without waiting: :meth:`exchange` in the background; call what it
-        returns for the table. Every rank must make its calls on this group in one order."""
-        table = torch.zeros(self.world_size, len(values), dtype=torch.float64)
-        table[self.rank] = torch.tensor([float(v) for v in values], dtype=table.dtype)
-        work = dist.all_reduce(table, group=self.group, async_op=True)
-
-        def result() -> torch.Tensor:
-            work.wait()
-            return table
-
-        return result
-
-    def failures(self, error: BaseException | None, describe: Callable[[BaseException], str],
-                 ) -> list[str]:
-        """Collective: ``rank N: <describe(error)>`` for every rank that has an error, in rank
-        order (empty when none has); the messages travel only when some rank failed."""
-        (bad,) = self.ranks_raising(error is not None)
-        if not bad:
-            return []
-        messages: list[Any] = [None] * self.world_size
-        dist.all_gather_object(messages, None if error is None else describe(error),
-                               group=self.group)
-        return [f"rank {r}: {messages[r]}" for r in bad]
-
-    def ranks_raising(self, *flags: bool) -> list[list[int]]:
-        """Collective: for each of this rank's ``flags``, the ranks that raised it."""
-        table = self.exchange(flags)
-        return [table[:, i].nonzero().flatten().tolist() for i in range(len(flags))]
-
-
-# ---------------------------------------------------------------------------------- non-finite
-class NonFiniteValue(RuntimeError):
-    """The run went non-finite: a loss, dense gradients, eval predictions or eval metrics held
-    NaN or inf. The message names the step, the rank that saw it first and what; raised by
-    that rank (every rank, for eval metrics computed from all ranks' predictions)."""
-
-
-class PeerNonFinite(NonFiniteValue):
-    """This rank stops because another rank saw a non-finite value first (a consequence:
-    :func:`attribute_failure` reports that rank's error)."""
+__all__ = ["FiniteWatch", "non_finite_message", "raise_if_non_finite"]
 
 
 class FiniteWatch:
