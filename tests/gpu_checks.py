@@ -1,22 +1,12 @@
-"""Check the runners' CUDA stream path on a GPU; ``--device cpu`` dry-runs the same logic.
+"""The GPU checks of the runners' CUDA stream path, run by ``tests/test_gpu.py``: on a GPU
+(``pytest -m gpu tests/test_gpu.py``) and, as a CPU dry run of the same logic at small sizes,
+in CI.
 
 Two gloo ranks share one GPU (or use one each). Plain torch only: no TorchRec or fbgemm, so it
 runs wherever torch sees a GPU. Each check runs in a world of its own (a crash or a hang costs
-that check alone, within its timeout), prints one ``PASS``, ``FAIL`` or ``SKIP`` line when it
-ends, and a table of its cases closes the run::
-
-    python -m shadowsync.benchmarks.gpu_check               # GPU: 2 ranks on one GPU;
-                                                            # prints "skipped: no CUDA" and
-                                                            # exits 0 without
-    python -m shadowsync.benchmarks.gpu_check --device cpu  # the dry run: same logic, small sizes
-    python -m shadowsync.benchmarks.gpu_check --only fence --only audit
-
-In a bare copy of the repository (no install), ``scripts/bare.sh`` makes it importable:
-``scripts/bare.sh python3 -m shadowsync.benchmarks.gpu_check``.
-
-Exit status 1 if any check fails. ``--device cpu`` runs the checks that mean something without a
-GPU and, for the CUDA-only ones, runs their logic at small size and prints ``SKIP`` (or ``FAIL``
-if that logic breaks).
+that check alone, within its timeout) and returns a table of its cases. On CPU the checks that
+mean something without a GPU are held to their verdict; the CUDA-only ones (``fence``,
+``audit``, ``memory``) run their logic at small size, and only that it ran is checked.
 
 "Training" is a fixed per-rank drift added to the parameters every step, behind a few large
 matmuls on the main stream, so the host runs ahead of the GPU and a missing stream fence shows.
@@ -104,7 +94,6 @@ leave 950 KiB).
 
 from __future__ import annotations
 
-import argparse
 import bisect
 import collections
 import dataclasses
@@ -149,7 +138,7 @@ FAILURE_LIMIT_S = 5.0
 PEAK_MARGIN_DELTAS = 2
 LEAK_MARGIN_BYTES = 64 << 10
 BLIND_SHARE = 0.1  # the audit may miss a range's own fence in at most this share of ranges
-BUDGET_S = 540.0  # all checks together, inside one 10-minute call
+BUDGET_S = 540.0  # all checks together, inside one 10-minute call of a lent GPU machine
 RANGES = ("shadowsync.apply", "shadowsync.snapshot")
 
 
@@ -980,52 +969,3 @@ def table(outcomes: Sequence[Outcome]) -> str:
                 f"{c['syncs']:>5} | {c['stale']:>5} | {sum(map(ok, ms)):>2}/{len(ms):<2} | "
                 f"{what:<40.40} | {worst['value']:>9.2e} | {worst['limit']:>9.2e} |")
     return "\n".join(lines)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
-                        help="cuda: the GPU run; cpu: a dry run of the logic at small sizes; "
-                             "auto: cuda if there is one, else print 'skipped: no CUDA'")
-    parser.add_argument("--only", action="append", choices=[c.name for c in CHECKS],
-                        help="run this check only (repeatable)")
-    parser.add_argument("--budget-s", type=float, default=BUDGET_S,
-                        help="seconds for all checks together (each keeps its own timeout)")
-    args = parser.parse_args(argv)
-    kind = args.device
-    if kind == "auto":
-        if not torch.cuda.is_available():
-            print("skipped: no CUDA")
-            return 0
-        kind = "cuda"
-    if kind == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: torch sees no CUDA device")
-    sizes = GPU_SIZES if kind == "cuda" else CPU_SIZES
-    began = time.monotonic()
-    outcomes = []
-    for check in CHECKS:
-        if args.only and check.name not in args.only:
-            continue
-        left = args.budget_s - (time.monotonic() - began)
-        if left < 10:
-            outcome = Outcome(check, "FAIL", "not run: the time budget is spent", 0.0, [], [])
-        else:
-            outcome = run_check(check, kind, sizes, min(check.timeout_s, left))
-        line = f"{outcome.status} {check.name}"
-        print(f"{line}: {outcome.reason}" if outcome.status != "PASS"
-              else f"{line} ({outcome.reason}, {outcome.seconds:.1f} s)", flush=True)
-        for m in outcome.measures:
-            if not ok(m):
-                print(f"    {where(m)}: {m['what']} = {m['value']:.4g} > {m['limit']:.4g}",
-                      flush=True)
-        outcomes.append(outcome)
-    print(table(outcomes))
-    failed = [o.check.name for o in outcomes if o.status == "FAIL"]
-    print(f"{kind}: {len(outcomes) - len(failed)}/{len(outcomes)} checks without failure, "
-          f"{time.monotonic() - began:.0f} s" + (f"; FAILED: {', '.join(failed)}" if failed
-                                                   else ""))
-    return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
