@@ -1,86 +1,23 @@
 """Our training job against TorchRec's own loop, side by side in one job.
 
-Every ratio elsewhere is to our own ``none`` arm, so a cost of the loop itself (metrics, the
-finite-value watch, the control exchange, logging, the wrapper's hooks) would hide in both
-sides. This compares our training job (``shadowsync.pipelines.train.run``) with the loop of
-TorchRec's DLRM example (``torchrec/github/examples/dlrm/dlrm_main.py``'s ``_train``):
-``TrainPipelineSparseDist.progress`` and nothing else. Both sides get the same model, sharding
-plan, optimizers, seed, batch size and batches (``build_sharded_model``, ``build_optimizer``
-and the data set's ``train_batches`` of the same config), with TorchRec's
-``DefaultDataParallelWrapper`` (DDP) or with the dense part left unwrapped (DDP removed), and
-both are timed the same way: from the first batch pulled to the last step done.
-
-Arms, each pair compared run by run (adjacent runs, orders alternating over repeats, an
-untimed warm-up first)::
+Both sides get the same model, sharding plan, optimizers, seed, batch size and batches, with
+TorchRec's ``DefaultDataParallelWrapper`` (DDP) or the dense part unwrapped, and both are timed
+from the first batch pulled to the last step done::
 
     reference ddp   TorchRec's loop, DDP            <->  ours ddp   (sync.strategy.name=ddp)
     reference local TorchRec's loop, no DDP         <->  ours none  (sync.strategy.name=none)
 
-Ours runs with the preset's logging and control settings (every feature on), evaluation and
-checkpoints off (the reference's timed loop has neither). Besides examples/s, each run reports
-the loop's own time per step: its wall time minus the time inside
-``TrainPipelineSparseDist.progress``, which does the same work on both sides. On shared cores
-the ratio of examples/s drifts by several percent between runs; the own time is the cost of
-the loop itself, measured within one run. Run on 2 CPU ranks::
-
-    .venv/bin/torchrun --nproc_per_node 2 -m shadowsync.benchmarks.bench_loop \\
-        --config movielens_1m --steps 600 --repeats 5
-
-``--interleave B`` runs each pair in one job instead, in blocks of ``B`` steps: while ours
-trains, every ``B`` of its steps the reference (built beside it in the same processes, on its
-own model and batches) takes ``B`` steps, timed apart. Ours' time is its job's training time
-less the reference's blocks. Drift of the machine's speed, which on shared cores moves whole
-runs apart by more than the loops differ, then falls on both sides alike. The blocks come
-right before ours' steps that are multiples of ``B``, so with ``B`` dividing
-``train.log_every`` a record's metrics compute (a background thread) has ``B - 1`` of ours'
-steps to finish before the next block; a block still waits for it, and that wait counts as
-ours (reported). Ours' heartbeat thread stays alive during the blocks; it wakes a few times a
-second and does no collective. Blocks of one step (``--interleave 1``) pair every step of ours
-with one of the reference's: the machine's speed, which on shared cores wanders within
-seconds, then falls on both sides step by step, and two identical loops read far closer than
-in blocks of tens of steps. There a record's compute must end before the very next block, so
-ours is charged its whole wall time (an upper bound of what it costs training, which it runs
-beside), unless ``--defer K`` puts off the blocks due in the ``K`` steps after each record
-and runs them right after: then the compute runs beside ours' steps, as in training, and
-what it costs them is ours'. A run longer than an epoch takes as many epochs as it needs on
-both sides, each side's pipeline draining at every epoch's end (TorchRec's DLRM example
-makes a fresh iterator an epoch); each repeat's ratio reads closer with more steps::
+Each run also reports the loop's own time per step (its wall time less the time inside
+``TrainPipelineSparseDist.progress``, the same work on both sides). ``--interleave B`` runs each
+pair in one job in blocks of ``B`` steps (``--defer K``: blocks due within ``K`` steps of a
+record run after it), ``--aa`` adds an A/A pair of two TorchRec loops, ``--one-model`` runs the
+reference's blocks on ours' pipeline, ``--phases`` times each labelled phase of ours,
+``--ablate ARM`` turns one feature of ours off at a time (:data:`ABLATIONS`) and ``--profile
+DIR`` writes traces. What each option measures, and why, is in ``docs/benchmarks.md`` (*Our
+loop against TorchRec's*)::
 
     .venv/bin/torchrun --nproc_per_node 2 -m shadowsync.benchmarks.bench_loop \\
         --config movielens_1m --steps 800 --repeats 6 --interleave 1 --aa
-
-``--aa`` (with ``--interleave``) adds A/A pairs: a second TorchRec loop, built after the
-reference, in ours' place. Its ratio to the reference is what the measurement reads between
-identical loops (each repeat builds both models afresh), so its spread is the floor under
-any ratio of ours.
-
-``--one-model`` (with ``--interleave``) runs the reference's blocks on ours' own pipeline
-instead: TorchRec's loop, fed its own batches, trains ours' model and optimizers for ``B``
-steps at a time, so the two sides differ only by the loop around ``progress``. It tells
-whether the A/A pairs' spread over repeats comes from the two builds of the model (where
-each lands in memory) or from the machine. Ours' first step, where TorchRec's pipeline sets
-itself up, is left out of ours' time (the blocks, which come one step earlier, never pay it).
-
-``--phases`` (with ``--interleave``) also times, on the wall clock, each labelled phase of our
-loop (``shadowsync.train.watch``, ``.metrics``, ``.control``, ...; through the trainer's
-callbacks, ``TrainCallback.on_phase``), per step of ours: where its own time goes, without the
-profiler's overhead per op (which inflates small ops several times over). Only ours is timed
-this way, so it adds two clock reads a phase to ours' side (microseconds a step).
-
-``--ablate ARM`` (with ``--interleave``; ARM ``ddp`` or ``none``) runs that pair once per
-variant of ours, each with one feature off (:data:`ABLATIONS`: training records, the control
-exchange, the heartbeat; the non-finite watch has no setting to turn it off, and its cost, all
-in the training thread, is its phase's time under ``--phases``), rotated over repeats, with
-the A/A pair as ``--aa`` adds it: what each feature costs, as a ratio and as how much slower
-TorchRec's own steps ran inside ours than inside the reference's blocks (work of ours that runs
-beside TorchRec's communication on shared cores shows there, not in ours' own time)::
-
-    .venv/bin/torchrun --nproc_per_node 2 -m shadowsync.benchmarks.bench_loop \\
-        --config movielens_1m --steps 800 --repeats 3 --interleave 50 --aa --ablate ddp
-
-``--profile DIR`` instead runs each loop once under ``torch.profiler`` and prints where the
-time of a step goes, by ``record_function`` label (the trainer's ``## shadowsync ... ##``
-phases and TorchRec's pipeline stages).
 """
 
 from __future__ import annotations

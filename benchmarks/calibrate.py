@@ -1,4 +1,4 @@
-"""Measure the constants of ``scaling_model.py`` on this machine, with the real code.
+"""Measure the scaling model's constants (:mod:`.scaling_model`) here, with the real code.
 
     python -m shadowsync.benchmarks.calibrate \\
         --out benchmarks/results/scaling_model/calibration.json
@@ -38,11 +38,11 @@ import torch.distributed as dist
 import torchrec
 
 import shadowsync
-from shadowsync.benchmarks import scaling_model
 from shadowsync.benchmarks.report import command_line, write_json
+from shadowsync.benchmarks.scaling_model.model import RESULTS, STRATEGIES, arms
 from shadowsync.datasets import build_dataset
 from shadowsync.pipelines.config import load_config
-from shadowsync.sync.wrapper import make_strategy
+from shadowsync.sync.strategies import make_strategy
 from shadowsync.testing import run_ranks
 
 _HERE = Path(__file__).resolve().parent
@@ -81,15 +81,15 @@ def fit_allreduce(points: list[tuple[int, float]]) -> dict[str, Any]:
 
 def bench(preset: str, nproc: int, steps: int) -> list[dict[str, Any]]:
     """One ``bench_sync.py`` run under torchrun; its JSON rows (warm-up arm dropped)."""
-    arms = ["warmup: sync.strategy.name=none",
-            *(f"{a.name}: {a.overrides}" for a in scaling_model.arms())]
+    specs = ["warmup: sync.strategy.name=none",
+             *(f"{a.name}: {a.overrides}" for a in arms())]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rows.json"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc_per_node={nproc}", "-m", "shadowsync.benchmarks.bench_sync",
                "--config", preset,
                "--steps", str(steps), "--json", str(out),
-               *(x for a in arms for x in ("--arm", a)), "eval.max_batches=2"]
+               *(x for a in specs for x in ("--arm", a)), "eval.max_batches=2"]
         # One intra-op thread on 1 rank too (torchrun sets it only for several): N = 1 must be
         # one trainer's share of the machine, as each rank has at N = 2.
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -105,7 +105,7 @@ def round_local_s(preset: str, dense_bytes: int, reps: int = 300) -> dict[str, f
     torch.set_num_threads(1)  # as each torchrun rank runs
     live = torch.randn(dense_bytes // 4)
     out = {}
-    for name in scaling_model.STRATEGIES:
+    for name in STRATEGIES:
         strategy = make_strategy(load_config(preset, [f"sync.strategy.name={name}"]).sync)
         strategy.init(live.clone(), world_size=2)
         snapshot, comm = torch.empty_like(live), torch.empty(live.numel() + 2)
@@ -170,14 +170,14 @@ def code_version() -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=scaling_model.RESULTS / "calibration.json")
+    parser.add_argument("--out", type=Path, default=RESULTS / "calibration.json")
     parser.add_argument("--presets", nargs="+", default=["movielens_1m", "synthetic"])
     parser.add_argument("--steps", type=int, default=600, help="training steps per arm")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     started = datetime.datetime.now(datetime.timezone.utc)
     result: dict[str, Any] = {
-        "note": "Measured constants for benchmarks/scaling_model.py (a model built on them).",
+        "note": "Measured constants for benchmarks/scaling_model (a model built on them).",
         "date": started.isoformat(timespec="seconds"),
         "command": command_line("shadowsync.benchmarks.calibrate"),
         "machine": machine(), "code": code_version(), "load_average_start": os.getloadavg(),

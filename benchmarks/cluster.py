@@ -1,44 +1,20 @@
-"""An emulated multi-host cluster on one Linux machine: network namespaces as hosts, a bridge as
-the switch, ``tc`` rate limits as the links.
-
-Why: ShadowSync's claim is that background synchronization hides the dense allreduce behind
-training when the network is the bottleneck. On one machine every rank talks over loopback at
-gigabytes per second, so no local run can show that. This tool gives each host its own network
-stack and a link of a chosen rate, so a job started here pays for its traffic the way it would
-between real machines (rates only: the kernel has no ``netem``, so links add no delay).
-
-Topology: host ``i`` is the namespace ``ssc-<name>-h<i>`` with ``198.18.0.<i+1>/24`` on its
-interface ``veth0`` (and its own ``lo``); the other end of that veth is port ``p<i>`` of bridge
-``br0`` in the switch namespace ``ssc-<name>-sw``. Limits are token buckets (``tc tbf``): the
-up link (host to switch) on the host's ``veth0``, the down link (switch to host) on the switch's
-port. ``--shared-rate`` adds one bucket that every packet entering the switch goes through (an
-``ifb`` device in the switch namespace), the way hosts behind one oversubscribed uplink share it.
-``--sync-class low`` gives every host a second address, ``198.18.1.<i+1>`` on the alias
-``veth0:sync`` (a job sends its synchronizer's traffic from it with
-``sync.transport.socket_ifname``), and links that serve that address's packets only when
-training's have none queued (``tc htb``, two classes per link), as a datacenter network does for
-traffic marked with a lower DSCP class.
-Addresses come from 198.18.0.0/15 (set aside for benchmarks); nothing is attached to the root
-namespace, there is no default route, and every cluster's namespaces are its own, so clusters
-with different names coexist. Needs root.
-
-Run it as a module (hosts run their commands from the repo root)::
+"""An emulated multi-host cluster on one Linux machine (:class:`Cluster`): network namespaces
+as hosts, a bridge as the switch, ``tc`` rate limits as the links (rates only: the kernel has
+no ``netem``), so a job started here pays for its traffic the way it would between machines.
+Addresses and namespaces are :mod:`.netns`'s; the probe's worker is :mod:`.link_probe`. Needs
+root; the guide is ``docs/network-testbed.md``::
 
     python -m shadowsync.benchmarks.cluster run --hosts 2 --rate 1gbit -- \\
         -m shadowsync.pipelines.train --config synthetic train.steps=20
-    python -m shadowsync.benchmarks.cluster run --hosts 2 --rate 200mbit -- \\
-        -m shadowsync.benchmarks.bench_sync --config synthetic --steps 30
     python -m shadowsync.benchmarks.cluster probe --hosts 2 --rate 200mbit --sizes 1 8 32
-    python -m shadowsync.benchmarks.cluster up --name lab --hosts 4 --rate 1gbit \\
-        --shared-rate 2gbit
-    ip netns exec ssc-lab-h0 bash              # a shell on host 0
+    python -m shadowsync.benchmarks.cluster up --name lab --hosts 4 --rate 1gbit
     python -m shadowsync.benchmarks.cluster down --name lab
 
 ``run`` launches ``torchrun --nnodes N --nproc_per_node 1 --node_rank i`` on every host (static
-rendezvous on host 0), prefixes each output line with ``[h<i>]``, stops every host as soon as one
-fails, exits with the worst exit code, and removes the cluster on every exit (a signal included).
-Exit code 2 with a one-line ``error:`` when the machine cannot run it (not root, no ``ip``/``tc``,
-no namespaces).
+rendezvous on host 0), prefixes each output line with ``[h<i>]``, stops every host as soon as
+one fails, exits with the worst exit code, and removes the cluster on every exit (a signal
+included). Exit code 2 with a one-line ``error:`` when the machine cannot run it (not root, no
+``ip``/``tc``, no namespaces).
 """
 
 from __future__ import annotations
@@ -48,10 +24,7 @@ import dataclasses
 import functools
 import json
 import os
-import re
-import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import threading
@@ -61,198 +34,59 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
+from shadowsync.benchmarks import link_probe
+from shadowsync.benchmarks.netns import (
+    ETC_NETNS,
+    HOST_IF,
+    MAX_HOSTS,
+    NAME_PATTERN,
+    PREFIX,
+    SUBNET,
+    SYNC_IF,
+    SYNC_SUBNET,
+    TBF_LATENCY,
+    ClusterError,
+    check_environment,
+    default_burst,
+    down,
+    format_rate,
+    kill_namespace_pids,
+    list_clusters,
+    parse_rate,
+    parse_size,
+    run_command,
+)
+
 ROOT = Path(__file__).resolve().parents[1]
-PREFIX = "ssc"
-HOST_IF = "veth0"
-SYNC_IF = f"{HOST_IF}:sync"  # address alias that the low traffic class matches
-# `ip netns exec NS` bind-mounts /etc/netns/NS/<file> over /etc/<file>: each host gets a hosts
-# file that names every host, so c10d's reverse lookups of peers succeed (no "hostname of the
-# client socket cannot be retrieved" warnings) without DNS, which no namespace can reach.
-ETC_NETNS = Path("/etc/netns")
-MAX_HOSTS = 254
-_SUBNET = "198.18.0"  # inside 198.18.0.0/15 (RFC 2544, benchmarking); one /24 per cluster
-_SYNC_SUBNET = "198.18.1"  # the hosts' second addresses, under --sync-class low
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,31}$")
-_RATE = re.compile(r"^(\d+(?:\.\d+)?)(bit|kbit|mbit|gbit|tbit|bps|kbps|mbps|gbps)$", re.I)
-_SIZE = re.compile(r"^(\d+)(b|k|kb|m|mb)?$", re.I)
-_RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12,
-               "bps": 8, "kbps": 8 * 10**3, "mbps": 8 * 10**6, "gbps": 8 * 10**9}
-_SIZE_UNITS = {"b": 1, "k": 1024, "kb": 1024, "m": 1024**2, "mb": 1024**2}
-_UNLIMITED = ("unlimited", "none", "")
-# tbf's queue: up to this much waiting time before drops (TCP backs off; the rate holds).
-_TBF_LATENCY = "100ms"
-_PROBE_TAG = "PROBE "
+
 _SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 LineSink = Callable[[int, str], None]
 
 
-class ClusterError(RuntimeError):
-    """The cluster cannot be built or used here; the message is one line for the user."""
-
-
-def parse_rate(text: str | None) -> int | None:
-    """``tc``-style rate (``200mbit``, ``1gbit``, ``125mbps``) to bits/s; ``None`` for
-    ``unlimited``. Parsed here, not handed to ``tc`` verbatim, so a typo fails before any
-    namespace exists and the burst can be sized from the rate."""
-    if text is None or text.strip().lower() in _UNLIMITED:
-        return None
-    m = _RATE.match(text.strip())
-    if not m:
-        raise ClusterError(f"rate {text!r}: expected e.g. 200mbit, 1gbit, 125mbps or unlimited")
-    bits = int(float(m.group(1)) * _RATE_UNITS[m.group(2).lower()])
-    if bits < 8000:
-        raise ClusterError(f"rate {text!r}: below 8kbit")
-    return bits
-
-
-def parse_size(text: str | None) -> int | None:
-    """``tc``-style size (``256kb``, ``1mb``, ``65536``) to bytes; ``None`` stays ``None``."""
-    if text is None:
-        return None
-    m = _SIZE.match(text.strip())
-    if not m:
-        raise ClusterError(f"size {text!r}: expected e.g. 64kb, 1mb or a byte count")
-    return int(m.group(1)) * _SIZE_UNITS[(m.group(2) or "b").lower()]
-
-
-def _format_rate(bits: int | None) -> str:
-    if bits is None:
-        return "unlimited"
-    for unit, scale in (("gbit", 10**9), ("mbit", 10**6), ("kbit", 10**3)):
-        if bits >= scale:
-            return f"{bits / scale:g}{unit}"
-    return f"{bits}bit"
-
-
-def default_burst(rate_bits: int) -> int:
-    """Bucket depth for a rate: 2 ms worth of bytes, at least 32 KiB. A bucket smaller than one
-    timer tick's worth of traffic caps the rate below the setting; a much deeper one lets whole
-    messages through at memory speed (1 Gbit/s -> 250 KB)."""
-    return max(32 * 1024, rate_bits // 8 // 500)
-
-
-def _run(cmd: Sequence[str], check: bool = True) -> subprocess.CompletedProcess[str]:
-    """One ``ip``/``tc`` command (an argument list, never a shell string)."""
-    proc = subprocess.run(list(cmd), capture_output=True, text=True, stdin=subprocess.DEVNULL)
-    if check and proc.returncode != 0:
-        detail = (proc.stderr.strip() or proc.stdout.strip() or f"exit {proc.returncode}")
-        raise ClusterError(f"{' '.join(cmd)}: {detail.splitlines()[0]}")
-    return proc
-
-
-def check_environment() -> None:
-    """Raises :class:`ClusterError` unless this process can build clusters: root, ``ip`` and
-    ``tc`` on ``PATH``, and a kernel with network namespaces."""
-    if os.geteuid() != 0:
-        raise ClusterError("network namespaces, veths and tc need root: run as root (or sudo)")
-    for tool in ("ip", "tc"):
-        if shutil.which(tool) is None:
-            raise ClusterError(f"'{tool}' not found on PATH: install iproute2")
-    if not Path("/proc/self/ns/net").exists():
-        raise ClusterError("this kernel has no network namespaces (/proc/self/ns/net missing)")
-
-
-def unavailable_reason() -> str | None:
-    """Why clusters cannot run here (one line), or ``None`` when they can: the environment check
-    plus a namespace actually created and deleted (containers may forbid it even to root)."""
-    try:
-        check_environment()
-        probe_ns = f"{PREFIX}-check{os.getpid()}-sw"
-        _run(["ip", "netns", "add", probe_ns])
-        try:
-            _run(["ip", "-n", probe_ns, "link", "set", "lo", "up"])
-        finally:
-            _run(["ip", "netns", "del", probe_ns], check=False)
-    except ClusterError as e:
-        return str(e)
-    return None
-
-
-def list_namespaces() -> list[str]:
-    """Every network namespace name that ``ip netns`` knows, ours or not."""
-    out = _run(["ip", "netns", "list"]).stdout
-    return [line.split()[0] for line in out.splitlines() if line.strip()]
-
-
-def cluster_namespaces(name: str) -> list[str]:
-    """The namespaces of cluster ``name`` (hosts in order, the switch last): exactly
-    ``ssc-<name>-sw`` and ``ssc-<name>-h<i>``, so cluster ``a`` never matches ``a-b``'s."""
-    own = re.compile(rf"^{PREFIX}-{re.escape(name)}-(sw|h(\d+))$")
-    hosts: list[tuple[int, str]] = []
-    switch: list[str] = []
-    for ns in list_namespaces():
-        m = own.match(ns)
-        if m and m.group(2) is not None:
-            hosts.append((int(m.group(2)), ns))
-        elif m:
-            switch.append(ns)
-    return [ns for _, ns in sorted(hosts)] + switch
-
-
-def list_clusters() -> dict[str, int]:
-    """Cluster name -> number of hosts, for every cluster this tool left up."""
-    pattern = re.compile(rf"^{PREFIX}-(.+)-(sw|h\d+)$")
-    found: dict[str, int] = {}
-    for ns in list_namespaces():
-        m = pattern.match(ns)
-        if m:
-            found[m.group(1)] = found.get(m.group(1), 0) + (m.group(2) != "sw")
-    return found
-
-
-def _kill_namespace_pids(ns: str) -> None:
-    """SIGKILL whatever still runs in namespace ``ns`` (only what was launched into it)."""
-    proc = _run(["ip", "netns", "pids", ns], check=False)
-    for token in proc.stdout.split():
-        if token.isdigit() and int(token) != os.getpid():
-            try:
-                os.kill(int(token), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-
-def down(name: str) -> list[str]:
-    """Removes cluster ``name``: kills what runs in its hosts, deletes its namespaces (their
-    veths, bridge and ``ifb`` go with them) and their ``/etc/netns`` files. Touches no other
-    namespace; returns the ones removed. Safe to call when nothing is up."""
-    removed = []
-    for ns in cluster_namespaces(name):
-        _kill_namespace_pids(ns)
-        _run(["ip", "netns", "del", ns], check=False)
-        removed.append(ns)
-    own = re.compile(rf"^{PREFIX}-{re.escape(name)}-(sw|h\d+)$")
-    if ETC_NETNS.is_dir():
-        for d in ETC_NETNS.iterdir():
-            if own.match(d.name):
-                shutil.rmtree(d, ignore_errors=True)
-        try:
-            ETC_NETNS.rmdir()  # only when empty: other clusters' files stay
-        except OSError:
-            pass
-    return removed
-
-
 @dataclasses.dataclass(frozen=True)
-class ProbeResult:
-    """One allreduce size on the cluster: the median over repeats of the slowest rank's time.
+class Links:
+    """How a cluster's links differ from one ``rate`` both ways.
 
-    ``algbw_MBps`` is payload over time (what ``size_mb`` of dense parameters cost a round);
-    ``busbw_MBps`` scales it by ``2 (n - 1) / n``, the bytes a ring allreduce puts on each link,
-    so it reads directly against the link rate (as in nccl-tests).
+    Attributes:
+        up_rate: host-to-switch rate, overriding ``rate`` for that direction.
+        down_rate: switch-to-host rate, overriding ``rate`` for that direction.
+        burst: token bucket depth (``"256kb"``); default :func:`.netns.default_burst` of each
+            rate.
+        shared_rate: one limit that all traffic through the switch shares (every host's
+            packets, both directions, through one bucket): an oversubscribed uplink or
+            backplane. ``None`` for a non-blocking switch.
+        sync_class: ``"low"`` adds each host's address on :data:`.netns.SYNC_IF` and serves
+            its packets after everything else on every rate-limited link (a strict-priority
+            scheduler that lends the low class whatever the high one leaves); ``"same"``
+            (default): one FIFO per link, every flow equal.
     """
 
-    size_mb: float
-    seconds: float
-    hosts: int
-
-    @property
-    def algbw_MBps(self) -> float:  # noqa: N802 (the unit's spelling)
-        return self.size_mb / self.seconds
-
-    @property
-    def busbw_MBps(self) -> float:  # noqa: N802
-        return self.algbw_MBps * 2 * (self.hosts - 1) / self.hosts
+    up_rate: str | None = None
+    down_rate: str | None = None
+    burst: str | None = None
+    shared_rate: str | None = None
+    sync_class: str = "same"
 
 
 class Cluster:
@@ -267,51 +101,32 @@ class Cluster:
         hosts: number of hosts (namespaces), 1 to 254.
         rate: per-host link rate in both directions, ``tc`` syntax (``"1gbit"``, ``"200mbit"``);
             ``None`` or ``"unlimited"`` for no limit (no qdisc at all).
-        up_rate: host-to-switch rate, overriding ``rate`` for that direction.
-        down_rate: switch-to-host rate, overriding ``rate`` for that direction.
-        burst: token bucket depth (``"256kb"``); default :func:`default_burst` of each rate.
-        shared_rate: one limit that all traffic through the switch shares (every host's
-            packets, both directions, through one bucket): an oversubscribed uplink or
-            backplane. ``None`` for a non-blocking switch.
         name: cluster name; namespaces are ``ssc-<name>-h<i>`` and ``ssc-<name>-sw``.
-        sync_class: ``"low"`` adds each host's address on :data:`SYNC_IF` and serves its
-            packets after everything else on every rate-limited link (a strict-priority
-            scheduler that lends the low class whatever the high one leaves); ``"same"``
-            (default): one FIFO per link, every flow equal.
+        links: directions, bursts, a shared limit and traffic classes (:class:`Links`).
 
     Example::
 
         with Cluster(hosts=2, rate="200mbit", name="sweep") as c:
-            print(c.probe([8])[0].algbw_MBps)  # ~24 MB/s
+            print(link_probe.probe(c, [8])[0].algbw_MBps)  # ~24 MB/s
             rc = c.launch(["-m", "shadowsync.pipelines.train", "--config", "synthetic",
                            "train.steps=20"])
     """
 
-    def __init__(
-        self,
-        hosts: int = 2,
-        rate: str | None = None,
-        *,
-        up_rate: str | None = None,
-        down_rate: str | None = None,
-        burst: str | None = None,
-        shared_rate: str | None = None,
-        name: str = "default",
-        sync_class: str = "same",
-    ) -> None:
+    def __init__(self, hosts: int = 2, rate: str | None = None, *, name: str = "default",
+                 links: Links = Links()) -> None:
         if not 1 <= hosts <= MAX_HOSTS:
             raise ClusterError(f"hosts={hosts}: must be 1..{MAX_HOSTS}")
-        if not _NAME.match(name):
+        if not NAME_PATTERN.match(name):
             raise ClusterError(f"name {name!r}: letters, digits, '_', '.', '-' (32 at most)")
         self.hosts = hosts
         self.name = name
-        self.up_bits = parse_rate(up_rate if up_rate is not None else rate)
-        self.down_bits = parse_rate(down_rate if down_rate is not None else rate)
-        self.shared_bits = parse_rate(shared_rate)
-        self.burst_bytes = parse_size(burst)
-        if sync_class not in ("same", "low"):
-            raise ClusterError(f"sync_class {sync_class!r}: must be 'same' or 'low'")
-        self.sync_class = sync_class
+        self.up_bits = parse_rate(links.up_rate if links.up_rate is not None else rate)
+        self.down_bits = parse_rate(links.down_rate if links.down_rate is not None else rate)
+        self.shared_bits = parse_rate(links.shared_rate)
+        self.burst_bytes = parse_size(links.burst)
+        if links.sync_class not in ("same", "low"):
+            raise ClusterError(f"sync_class {links.sync_class!r}: must be 'same' or 'low'")
+        self.sync_class = links.sync_class
         self._is_up = False
         self._previous_handlers: dict[int, Any] = {}
 
@@ -326,17 +141,17 @@ class Cluster:
 
     def address(self, i: int) -> str:
         """IPv4 address of host ``i`` (``198.18.0.<i+1>``)."""
-        return f"{_SUBNET}.{i + 1}"
+        return f"{SUBNET}.{i + 1}"
 
     def sync_address(self, i: int) -> str:
         """Host ``i``'s address on :data:`SYNC_IF` (with ``sync_class="low"``)."""
-        return f"{_SYNC_SUBNET}.{i + 1}"
+        return f"{SYNC_SUBNET}.{i + 1}"
 
     def describe(self) -> str:
         """One line: hosts, link rates and the shared limit."""
-        up, dn = _format_rate(self.up_bits), _format_rate(self.down_bits)
+        up, dn = format_rate(self.up_bits), format_rate(self.down_bits)
         link = up if up == dn else f"up {up} / down {dn}"
-        shared = f", shared {_format_rate(self.shared_bits)}" if self.shared_bits else ""
+        shared = f", shared {format_rate(self.shared_bits)}" if self.shared_bits else ""
         low = ", sync traffic in a low class" if self.sync_class == "low" else ""
         return f"cluster {self.name!r}: {self.hosts} hosts, links {link}{shared}{low}"
 
@@ -356,41 +171,41 @@ class Cluster:
 
     def _build(self) -> None:
         sw = self.switch_ns
-        _run(["ip", "netns", "add", sw])
-        _run(["ip", "-n", sw, "link", "set", "lo", "up"])
-        _run(["ip", "-n", sw, "link", "add", "br0", "type", "bridge", "forward_delay", "0"])
-        _run(["ip", "-n", sw, "link", "set", "br0", "addrgenmode", "none"])
-        _run(["ip", "-n", sw, "link", "set", "br0", "up"])
+        run_command(["ip", "netns", "add", sw])
+        run_command(["ip", "-n", sw, "link", "set", "lo", "up"])
+        run_command(["ip", "-n", sw, "link", "add", "br0", "type", "bridge", "forward_delay", "0"])
+        run_command(["ip", "-n", sw, "link", "set", "br0", "addrgenmode", "none"])
+        run_command(["ip", "-n", sw, "link", "set", "br0", "up"])
         if self.shared_bits is not None:
-            _run(["ip", "-n", sw, "link", "add", "ifb0", "type", "ifb"])
-            _run(["ip", "-n", sw, "link", "set", "ifb0", "up"])
+            run_command(["ip", "-n", sw, "link", "add", "ifb0", "type", "ifb"])
+            run_command(["ip", "-n", sw, "link", "set", "ifb0", "up"])
             self._limit(sw, "ifb0", self.shared_bits)
         for i in range(self.hosts):
             ns, port = self.host_ns(i), f"p{i}"
-            _run(["ip", "netns", "add", ns])
-            _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+            run_command(["ip", "netns", "add", ns])
+            run_command(["ip", "-n", ns, "link", "set", "lo", "up"])
             # Both ends are created where they live: nothing ever appears in the root namespace.
-            _run(["ip", "-n", sw, "link", "add", port, "type", "veth",
-                  "peer", "name", HOST_IF, "netns", ns])
+            run_command(["ip", "-n", sw, "link", "add", port, "type", "veth",
+                         "peer", "name", HOST_IF, "netns", ns])
             for where, dev in ((sw, port), (ns, HOST_IF)):
                 # No IPv6 link-local address: gloo must find exactly one address on veth0.
-                _run(["ip", "-n", where, "link", "set", dev, "addrgenmode", "none"])
-            _run(["ip", "-n", sw, "link", "set", port, "master", "br0"])
-            _run(["ip", "-n", sw, "link", "set", port, "up"])
-            _run(["ip", "-n", ns, "addr", "add", f"{self.address(i)}/24", "dev", HOST_IF])
+                run_command(["ip", "-n", where, "link", "set", dev, "addrgenmode", "none"])
+            run_command(["ip", "-n", sw, "link", "set", port, "master", "br0"])
+            run_command(["ip", "-n", sw, "link", "set", port, "up"])
+            run_command(["ip", "-n", ns, "addr", "add", f"{self.address(i)}/24", "dev", HOST_IF])
             if self.sync_class == "low":
-                _run(["ip", "-n", ns, "addr", "add", f"{self.sync_address(i)}/24", "dev",
-                      HOST_IF, "label", SYNC_IF])
-            _run(["ip", "-n", ns, "link", "set", HOST_IF, "up"])
+                run_command(["ip", "-n", ns, "addr", "add", f"{self.sync_address(i)}/24", "dev",
+                             HOST_IF, "label", SYNC_IF])
+            run_command(["ip", "-n", ns, "link", "set", HOST_IF, "up"])
             self._write_hosts_file(i)
             self._limit(ns, HOST_IF, self.up_bits)
             self._limit(sw, port, self.down_bits)
             if self.shared_bits is not None:
                 # Everything the host sends into the switch detours through ifb0's bucket.
-                _run(["tc", "-n", sw, "qdisc", "add", "dev", port, "ingress"])
-                _run(["tc", "-n", sw, "filter", "add", "dev", port, "parent", "ffff:",
-                      "protocol", "all", "u32", "match", "u32", "0", "0",
-                      "action", "mirred", "egress", "redirect", "dev", "ifb0"])
+                run_command(["tc", "-n", sw, "qdisc", "add", "dev", port, "ingress"])
+                run_command(["tc", "-n", sw, "filter", "add", "dev", port, "parent", "ffff:",
+                             "protocol", "all", "u32", "match", "u32", "0", "0",
+                             "action", "mirred", "egress", "redirect", "dev", "ifb0"])
 
     def _write_hosts_file(self, i: int) -> None:
         """The machine's /etc/hosts plus one line per host, for host ``i``'s namespace. Best
@@ -415,8 +230,8 @@ class Cluster:
             return
         burst = self.burst_bytes if self.burst_bytes is not None else default_burst(bits)
         if self.sync_class == "same":
-            _run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf",
-                  "rate", f"{bits}bit", "burst", str(burst), "latency", _TBF_LATENCY])
+            run_command(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf",
+                         "rate", f"{bits}bit", "burst", str(burst), "latency", TBF_LATENCY])
             return
         # htb: the link's rate shared by two classes. Training's (1:10, the default) is assured
         # all but 1% of it and goes first; sync's (1:20, packets from the sync subnet) is
@@ -424,16 +239,18 @@ class Cluster:
         # training packet waits behind at most one sync packet, never behind a whole round.
         tc = ["tc", "-n", ns]
         low = bits // 100
-        _run([*tc, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "10"])
-        _run([*tc, "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb",
-              "rate", f"{bits}bit", "ceil", f"{bits}bit", "burst", str(burst),
-              "cburst", str(burst)])
+        run_command([*tc, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default",
+                     "10"])
+        run_command([*tc, "class", "add", "dev", dev, "parent", "1:", "classid", "1:1", "htb",
+                     "rate", f"{bits}bit", "ceil", f"{bits}bit", "burst", str(burst),
+                     "cburst", str(burst)])
         for leaf, rate, prio in (("1:10", bits - low, "0"), ("1:20", low, "1")):
-            _run([*tc, "class", "add", "dev", dev, "parent", "1:1", "classid", leaf, "htb",
-                  "rate", f"{rate}bit", "ceil", f"{bits}bit", "burst", str(burst),
-                  "cburst", str(burst), "prio", prio])
-        _run([*tc, "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1",
-              "u32", "match", "ip", "src", f"{_SYNC_SUBNET}.0/24", "flowid", "1:20"])
+            run_command([*tc, "class", "add", "dev", dev, "parent", "1:1", "classid", leaf, "htb",
+                         "rate", f"{rate}bit", "ceil", f"{bits}bit", "burst", str(burst),
+                         "cburst", str(burst), "prio", prio])
+        run_command([*tc, "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio",
+                     "1",
+                     "u32", "match", "ip", "src", f"{SYNC_SUBNET}.0/24", "flowid", "1:20"])
 
     def down(self) -> None:
         """Removes this cluster (see :func:`down`); idempotent."""
@@ -461,7 +278,7 @@ class Cluster:
     def traffic(self, i: int) -> tuple[int, int]:
         """Bytes host ``i``'s NIC has sent and received since it was built: proof that a job's
         traffic crossed the emulated links, and its volume."""
-        out = _run(["ip", "-n", self.host_ns(i), "-j", "-s", "link", "show", HOST_IF]).stdout
+        out = run_command(["ip", "-n", self.host_ns(i), "-j", "-s", "link", "show", HOST_IF]).stdout
         stats = json.loads(out)[0]["stats64"]
         return int(stats["tx"]["bytes"]), int(stats["rx"]["bytes"])
 
@@ -471,7 +288,8 @@ class Cluster:
         earlier launch's lingering sockets hold."""
         code = (f"import socket; s = socket.socket(); s.bind(('{self.address(0)}', 0)); "
                 "print(s.getsockname()[1])")
-        out = _run(["ip", "netns", "exec", self.host_ns(0), sys.executable, "-c", code]).stdout
+        out = run_command(["ip", "netns", "exec", self.host_ns(0), sys.executable, "-c",
+                           code]).stdout
         return int(out.strip())
 
     def torchrun_argv(self, i: int, port: int, argv: Sequence[str]) -> list[str]:
@@ -567,7 +385,7 @@ class Cluster:
         finally:
             self._stop(procs, stopped, grace_s)
             for i in range(len(procs)):
-                _kill_namespace_pids(self.host_ns(i))
+                kill_namespace_pids(self.host_ns(i))
             for reader in readers:
                 reader.join(timeout=5)
         if timed_out:
@@ -591,55 +409,8 @@ class Cluster:
             time.sleep(0.05)
         for i in running:
             if procs[i].poll() is None:
-                _kill_namespace_pids(self.host_ns(i))
+                kill_namespace_pids(self.host_ns(i))
                 procs[i].wait()
-
-    def probe(self, sizes_mb: Sequence[float] = (1, 8, 32), repeats: int = 3,
-              timeout_s: float = 600, on_line: LineSink | None = None,
-              contend_mb: float | None = None) -> list[ProbeResult]:
-        """Times a gloo allreduce of each size across all hosts (one warm-up, then the median
-        of ``repeats``): what the links give a dense synchronization round.
-
-        With ``contend_mb``, each timed allreduce runs while a second process group (from
-        :data:`SYNC_IF` under ``sync_class="low"``) sends allreduces of that size back to
-        back, as a shadow synchronizer does beside training's collectives: the time then says
-        what background sync traffic costs training's own on these links.
-
-        Args:
-            sizes_mb: payload sizes in MB (10**6 bytes) of float32.
-            repeats: timed allreduces per size.
-            contend_mb: size of the background allreduces (None: none).
-            timeout_s: give up (:class:`ClusterError`) after this long.
-            on_line: gets the probe processes' other output; default drops it, and a failure
-                raises with its last lines.
-        """
-        if self.hosts < 2:
-            raise ClusterError("probe needs at least 2 hosts")
-        if repeats < 1 or not sizes_mb or min(sizes_mb) <= 0 or (contend_mb or 1) <= 0:
-            raise ClusterError("probe needs repeats >= 1 and sizes (and contend_mb) > 0")
-        results: list[ProbeResult] = []
-        tail: list[str] = []
-
-        def collect(host: int, line: str) -> None:
-            if host == 0 and line.startswith(_PROBE_TAG):
-                r = json.loads(line[len(_PROBE_TAG):])
-                results.append(ProbeResult(r["size_mb"], r["seconds"], self.hosts))
-            else:
-                tail.append(f"[h{host}] {line}")
-                del tail[:-20]
-                if on_line is not None:
-                    on_line(host, line)
-
-        argv = ["-m", "shadowsync.benchmarks.cluster", "_probe-worker", "--repeats", str(repeats),
-                "--sizes", *[f"{s:g}" for s in sizes_mb]]
-        if contend_mb is not None:
-            argv += ["--contend-mb", f"{contend_mb:g}"]
-            if self.sync_class == "low":
-                argv += ["--contend-ifname", SYNC_IF]
-        rc = self.launch(argv, timeout_s=timeout_s, on_line=collect)
-        if rc != 0 or len(results) != len(sizes_mb):
-            raise ClusterError(f"probe failed (exit {rc}): " + " | ".join(tail[-5:]))
-        return results
 
 
 def _exit_code(rc: int | None) -> int:
@@ -662,72 +433,6 @@ def _pump(proc: subprocess.Popen[bytes], host: int, sink: LineSink) -> None:
     for raw in iter(proc.stdout.readline, b""):
         sink(host, raw.decode(errors="replace").rstrip("\r\n"))
     proc.stdout.close()
-
-
-# -- the probe's worker (runs on every host under torchrun) -----------------------------------
-def _probe_worker(argv: list[str]) -> int:
-    import torch
-    import torch.distributed as dist
-
-    parser = argparse.ArgumentParser(prog="cluster.py _probe-worker")
-    parser.add_argument("--sizes", type=float, nargs="+", required=True)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--contend-mb", type=float, default=None)
-    parser.add_argument("--contend-ifname", default=None)
-    args = parser.parse_args(argv)
-    dist.init_process_group("gloo")
-    background = None
-    if args.contend_mb is not None:
-        from shadowsync.sync.protocol import new_sync_group
-
-        background = _Contender(new_sync_group(socket_ifname=args.contend_ifname),
-                                args.contend_mb)
-    for size in args.sizes:
-        x = torch.ones(max(1, int(size * 1e6 / 4)))
-        dist.all_reduce(x)  # warm-up: connections, buffers
-        times = []
-        for _ in range(args.repeats):
-            dist.barrier()
-            t0 = time.perf_counter()
-            dist.all_reduce(x)
-            times.append(time.perf_counter() - t0)
-        slowest = torch.tensor(times, dtype=torch.float64)
-        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-        if dist.get_rank() == 0:
-            seconds = statistics.median(slowest.tolist())
-            print(_PROBE_TAG + json.dumps({"size_mb": size, "seconds": seconds}), flush=True)
-    if background is not None:
-        background.stop()
-    dist.destroy_process_group()
-    return 0
-
-
-class _Contender:
-    """Allreduces of ``size_mb`` back to back on ``group``, on a thread, until :meth:`stop`.
-    The stop request rides in the buffer (its first element), so every rank leaves after the
-    same collective and none is left waiting in one."""
-
-    def __init__(self, group: Any, size_mb: float) -> None:
-        import torch
-
-        self._group = group
-        self._buf = torch.zeros(max(2, int(size_mb * 1e6 / 4)))
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        import torch.distributed as dist
-
-        while True:
-            self._buf[0] = 1.0 if self._stopping.is_set() else 0.0
-            dist.all_reduce(self._buf, group=self._group)
-            if self._buf[0].item() > 0:
-                return
-
-    def stop(self) -> None:
-        self._stopping.set()
-        self._thread.join()
 
 
 # -- command line -----------------------------------------------------------------------------
@@ -770,9 +475,9 @@ def _cluster_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _make(args: argparse.Namespace) -> Cluster:
-    return Cluster(args.hosts, args.rate, up_rate=args.up_rate, down_rate=args.down_rate,
-                   burst=args.burst, shared_rate=args.shared_rate, name=args.name,
-                   sync_class=args.sync_class)
+    return Cluster(args.hosts, args.rate, name=args.name, links=Links(
+        up_rate=args.up_rate, down_rate=args.down_rate, burst=args.burst,
+        shared_rate=args.shared_rate, sync_class=args.sync_class))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -809,8 +514,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["_probe-worker"]:
-        return _probe_worker(argv[1:])
     command: list[str] = []
     if "--" in argv:
         cut = argv.index("--")
@@ -849,7 +552,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"# {cluster.describe()}", file=sys.stderr, flush=True)
             if args.cmd == "run":
                 return cluster.launch(command, timeout_s=args.timeout, pin_cpus=args.pin_cpus)
-            results = cluster.probe(args.sizes, args.repeats, contend_mb=args.contend_mb)
+            results = link_probe.probe(cluster, args.sizes, args.repeats,
+                                       contend_mb=args.contend_mb)
         for r in results:
             if args.json:
                 print(json.dumps({"size_mb": r.size_mb, "seconds": r.seconds, "hosts": r.hosts,

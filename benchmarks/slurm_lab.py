@@ -1,49 +1,23 @@
 """A real Slurm on this machine, for trying ``torchx run -s slurm`` end to end: one node (this
-host, all its CPUs), with accounting (``sacct``, which torchx reads job states with) through
-slurmdbd and a MariaDB of its own.
+host, all its CPUs) or two emulated ones, with accounting (``sacct``, which torchx reads job
+states with) through slurmdbd and a MariaDB of its own. Needs root; the guide is
+``docs/launching.md`` (*Try it on a real Slurm on one machine*).
 
-Why: torchx's Slurm scheduler writes a batch script, submits it with ``sbatch``, reads states
-with ``sacct`` and logs from ``slurm-<jobid>-<role>-<replica>.out/.err``; a dryrun checks only
-the script. With this lab the whole path runs: submission, states, logs, cancel, requeue.
-
-Everything lives in one temporary folder: the configs (``slurm.conf``, ``slurmdbd.conf``), the
-munge key and socket, MariaDB's data directory and socket, every daemon's state, logs and pid
-files. ``SLURM_CONF`` points Slurm's daemons and commands at it (slurmdbd reads
-``slurmdbd.conf`` beside it), so nothing under ``/etc`` is read or written, no system service
-is started, and the ports are free ones picked at start (the defaults 6817-6819 and 3306 are
-left alone). The daemons are started in order (munged, MariaDB, slurmdbd, slurmctld, slurmd),
-each in the foreground as a child of this process, in a session of its own; on every exit
-(an exception, Ctrl-C, SIGTERM) the jobs still known to Slurm are cancelled, every daemon is
-stopped by its pid (SIGTERM, SIGKILL after a grace), so are any ``slurmstepd`` and job
+Everything lives in one temporary folder (configs, the munge key and socket, MariaDB's data,
+every daemon's state, logs and pid files) that ``SLURM_CONF`` points Slurm's daemons and
+commands at: nothing under ``/etc`` is read or written, no system service is started, and the
+ports are free ones picked at start. The daemons start in order (munged, MariaDB, slurmdbd,
+slurmctld, slurmd), each a child of this process in a session of its own; on every exit (an
+exception, Ctrl-C, SIGTERM) the jobs still known to Slurm are cancelled, every daemon is
+stopped by its pid (SIGTERM, SIGKILL after a grace), so are the ``slurmstepd`` and job
 processes left behind (found by the lab's ``SLURM_CONF`` in their environment), and the folder
-is removed. Only a SIGKILL of this process leaves them running.
+is removed. Missing Debian packages are installed first (:mod:`.slurm_setup`)::
 
-Missing Debian packages (``slurm-wlm``, ``slurmdbd``, ``munge``, ``mariadb-server``) are
-installed first with ``apt-get install -y --no-install-recommends`` (with a temporary
-``/usr/sbin/policy-rc.d`` when there is none, so that no package starts its system service).
-Needs root: slurmd runs jobs as their submitter, and the daemons run as root here.
-
-Use it from Python::
-
-    with lab_slurm() as lab:
-        os.environ.update(lab.env)       # SLURM_CONF for sbatch, sacct, torchx's scheduler
+    with lab_slurm() as lab:              # lab_slurm(hosts=2): two nodes in the testbed's
+        os.environ.update(lab.env)        # namespaces, links at LINK_RATE
         subprocess.run(["sinfo"], check=True)
 
-or keep one up for a shell (Ctrl-C stops it and removes everything)::
-
-    python -m shadowsync.benchmarks.slurm_lab up
-    # in another shell, from the repository root, with what `up` printed:
-    export SLURM_CONF=/tmp/slurm-lab-XXXX/slurm.conf
-    PATH=$PWD/.venv/bin:$PATH torchx run -s slurm --wait --log torchx_components/train.py:train \\
-        -j 1x2 --cpu 2 --memMB 8000 --config movielens_1m train.steps=100 \\
-        'output_dir=runs/slurm/${app_id}'
-
-``--hosts 2`` (``lab_slurm(hosts=2)``) emulates two nodes instead: each slurmd runs in a host
-namespace of ``benchmarks/cluster.py``'s testbed (its own address, hostname and hosts file,
-its link rate-limited to ``--rate``, default :data:`LINK_RATE`), the head's daemons in host 0's,
-and ``up`` prints a ``PATH`` whose ``sbatch``, ``squeue``, ``sacct``... reach them there;
-torchx's ``-j 2x1`` jobs then put one torchrun on each node (pass
-``--env GLOO_SOCKET_IFNAME=veth0``). The testbed is removed with the lab.
+    python -m shadowsync.benchmarks.slurm_lab up [--hosts 2] [--rate 1gbit]
 
 Exit code 2 with one ``error:`` line when the machine cannot run it (not root, no apt-get, a
 daemon that does not come up: its log's last lines follow) or ``--rate`` is malformed.
@@ -54,7 +28,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import glob
 import os
 import secrets
 import shlex
@@ -73,94 +46,36 @@ from typing import IO, TYPE_CHECKING
 
 from torch.distributed.elastic.utils.distributed import get_free_port
 
+from shadowsync.benchmarks.slurm_setup import (
+    CLIENTS,
+    CLUSTER,
+    DB_NAME,
+    PARTITION,
+    LabUnavailable,
+    conf_field,
+    ensure_packages,
+    kill_pids,
+    leftover_pids,
+    missing_packages,
+    running,
+    slurm_conf,
+    slurmdbd_conf,
+    this_node_line,
+    unavailable_reason,
+    which,
+    write_file,
+)
+
 if TYPE_CHECKING:  # imported where the nodes are namespaces (hosts > 1)
     from shadowsync.benchmarks.cluster import Cluster
 
-# Debian package -> what must be present for it to count as installed (programs, or glob
-# patterns of files). slurm-wlm brings slurmctld, slurmd and the client commands; slurmdbd
-# depends on slurm-wlm-mysql-plugin.
-PACKAGES: dict[str, tuple[str, ...]] = {
-    "munge": ("munged", "mungekey", "munge"),
-    "mariadb-server": ("mariadbd", "mariadb-install-db", "mariadb"),
-    "slurmdbd": ("slurmdbd", "/usr/lib/*/slurm-wlm/accounting_storage_mysql.so"),
-    "slurm-wlm": ("slurmctld", "slurmd", "sinfo", "sbatch", "squeue", "sacct", "sacctmgr",
-                  "scancel", "scontrol", "srun"),
-}
-_SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/usr/bin", "/sbin"])
-_POLICY_RC_D = Path("/usr/sbin/policy-rc.d")
-CLUSTER = "lab"
-PARTITION = "lab"
-DB_NAME = "slurm_acct_db"
 _STOP_GRACE_S = 15.0
-# Client commands that get a wrapper into host 0's namespace when the nodes are namespaces.
-CLIENTS = ("sbatch", "srun", "salloc", "squeue", "scancel", "sinfo", "scontrol", "sacct",
-           "sacctmgr", "sstat")
+
 _LOG_TAIL_LINES = 30
+
 # Each emulated node's link, both directions (``tc`` syntax, as the testbed's ``--rate``): a
 # datacenter-like speed at which a test-size job's traffic costs well under a second.
 LINK_RATE = "1gbit"
-
-
-class LabUnavailable(RuntimeError):
-    """This machine cannot run the lab (not root, packages missing and not installable, a
-    daemon that did not come up); the message says why."""
-
-
-def _which(program: str) -> str | None:
-    return shutil.which(program, path=_SEARCH_PATH)
-
-
-def missing_packages() -> list[str]:
-    """The packages of :data:`PACKAGES` that are not (completely) installed."""
-    missing = []
-    for package, needs in PACKAGES.items():
-        for need in needs:
-            found = glob.glob(need) if need.startswith("/") else _which(need)
-            if not found:
-                missing.append(package)
-                break
-    return missing
-
-
-def unavailable_reason() -> str | None:
-    """Why :func:`lab_slurm` cannot run here, or ``None`` when it can (possibly after
-    installing the packages)."""
-    if os.geteuid() != 0:
-        return "the Slurm lab needs root (its daemons run as root and run jobs as any user)"
-    if missing_packages() and not _which("apt-get"):
-        return f"packages {missing_packages()} are missing and there is no apt-get to install them"
-    if not Path("/proc/self/environ").exists():
-        return "no /proc (the lab finds leftover job processes through it)"
-    return None
-
-
-def ensure_packages(*, quiet: bool = True) -> None:
-    """Installs the missing :data:`PACKAGES` with ``apt-get install -y
-    --no-install-recommends`` (``apt-get update`` first when that fails once), with no system
-    service started by their install scripts. Does nothing when all are present."""
-    missing = missing_packages()
-    if not missing:
-        return
-    if (reason := unavailable_reason()) is not None:
-        raise LabUnavailable(reason)
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    out = subprocess.DEVNULL if quiet else None
-    ours = not _POLICY_RC_D.exists()
-    if ours:  # the Debian way to keep invoke-rc.d from starting what gets installed
-        _POLICY_RC_D.write_text("#!/bin/sh\n# slurm_lab: no services during install\nexit 101\n")
-        _POLICY_RC_D.chmod(0o755)
-    try:
-        cmd = ["apt-get", "install", "-y", "--no-install-recommends", *missing]
-        if subprocess.run(cmd, env=env, stdout=out, stderr=out).returncode != 0:
-            subprocess.run(["apt-get", "update"], env=env, stdout=out, stderr=out, check=True)
-            subprocess.run(cmd, env=env, stdout=out, stderr=out, check=True)
-    except subprocess.CalledProcessError as e:
-        raise LabUnavailable(f"apt-get failed installing {missing} (exit {e.returncode})") from e
-    finally:
-        if ours:
-            _POLICY_RC_D.unlink(missing_ok=True)
-    if still := missing_packages():
-        raise LabUnavailable(f"still missing after apt-get install: {still}")
 
 
 def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
@@ -241,97 +156,6 @@ class SlurmLab:
         return False
 
 
-def _write(path: Path, text: str, mode: int = 0o644) -> None:
-    path.write_text(text)
-    path.chmod(mode)
-
-
-def _slurm_conf(root: Path, *, host: str, ctld_addr: str, nodes: Sequence[tuple[str, str]],
-                hardware: str, ports: Mapping[str, int], munge_socket: Path,
-                kill_wait_s: int) -> str:
-    node_lines = "\n".join(f"NodeName={name} NodeAddr={addr} {hardware} State=UNKNOWN"
-                           for name, addr in nodes)
-    return f"""\
-# written by shadowsync.benchmarks.slurm_lab; removed with the lab
-ClusterName={CLUSTER}
-SlurmctldHost={host}({ctld_addr})
-SlurmctldPort={ports['slurmctld']}
-SlurmdPort={ports['slurmd']}
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-AuthInfo=socket={munge_socket}
-CredType=cred/munge
-StateSaveLocation={root}/ctld-state
-SlurmdSpoolDir={root}/slurmd-spool-%n
-SlurmctldPidFile={root}/slurmctld.pid
-SlurmdPidFile={root}/slurmd-%n.pid
-SlurmctldLogFile={root}/slurmctld.log
-SlurmdLogFile={root}/slurmd-%n.log
-SlurmctldDebug=info
-SlurmdDebug=info
-PlugStackConfig={root}/plugstack.conf
-MailProg=/bin/true
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-JobCompType=jobcomp/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-# heterogeneous jobs (torchx's multi-node jobs: one group per node) need the backfill scheduler
-SchedulerType=sched/backfill
-SchedulerParameters=bf_interval=1
-MpiDefault=none
-ReturnToService=2
-KillWait={kill_wait_s}
-InactiveLimit=0
-MinJobAge=300
-SlurmdTimeout=60
-AccountingStorageType=accounting_storage/slurmdbd
-AccountingStorageHost=127.0.0.1
-AccountingStoragePort={ports['slurmdbd']}
-AccountingStoragePass={munge_socket}
-{node_lines}
-PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
-"""
-
-
-def _slurmdbd_conf(root: Path, *, host: str, ports: Mapping[str, int], munge_socket: Path,
-                   db_password: str) -> str:
-    return f"""\
-# written by shadowsync.benchmarks.slurm_lab; removed with the lab
-DbdHost={host}
-DbdAddr=127.0.0.1
-DbdPort={ports['slurmdbd']}
-SlurmUser=root
-AuthType=auth/munge
-AuthInfo=socket={munge_socket}
-PidFile={root}/slurmdbd.pid
-LogFile={root}/slurmdbd.log
-DebugLevel=info
-StorageType=accounting_storage/mysql
-StorageHost=127.0.0.1
-StoragePort={ports['mariadb']}
-StorageUser=slurm
-StoragePass={db_password}
-StorageLoc={DB_NAME}
-"""
-
-
-def _node_line() -> str:
-    """This host's hardware as slurmd sees it (``slurmd -C``'s ``NodeName=... RealMemory=N``)."""
-    out = subprocess.run([_which("slurmd") or "slurmd", "-C"], capture_output=True, text=True,
-                         check=True, timeout=30).stdout
-    line = next((ln for ln in out.splitlines() if ln.startswith("NodeName=")), None)
-    if line is None:
-        raise LabUnavailable(f"slurmd -C printed no NodeName line: {out!r}")
-    return line.strip()
-
-
-def _field(node_line: str, key: str) -> str:
-    return next(f.split("=", 1)[1] for f in node_line.split() if f.startswith(key + "="))
-
-
 class _Stack:
     """The daemons started so far, stopped in reverse order by pid."""
 
@@ -383,60 +207,6 @@ class _Stack:
             daemon.output.close()
         self.daemons.clear()
         return killed
-
-
-def _environ_of(pid: int) -> dict[str, str]:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
-    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
-
-
-def _comm(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""
-
-
-def leftover_pids(conf: Path) -> list[int]:
-    """Processes of the lab's jobs that outlived slurmd: ``slurmstepd``\\s and job processes
-    (``SLURM_JOB_ID`` set) whose environment names this lab's ``SLURM_CONF``; a shell that only
-    exported ``SLURM_CONF`` is not one of them."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        pid = int(entry)
-        env = _environ_of(pid)
-        if env.get("SLURM_CONF") != str(conf):
-            continue
-        if _comm(pid).startswith("slurmstepd") or "SLURM_JOB_ID" in env:
-            pids.append(pid)
-    return pids
-
-
-def _running(pid: int) -> bool:
-    """Whether ``pid`` is a live process (not a zombie)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def _kill_pids(pids: Sequence[int], grace_s: float = 5.0) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in pids):
-        time.sleep(0.1)
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
 
 
 @contextlib.contextmanager
@@ -500,12 +270,12 @@ def _start(stack: _Stack, root: Path, *, kill_wait_s: int, log: Callable[[str], 
     ports = {name: get_free_port() for name in ("slurmctld", "slurmd", "slurmdbd", "mariadb")}
     if len(set(ports.values())) < len(ports):
         ports = {name: get_free_port() for name in ports}
-    node_line = _node_line()
+    node_line = this_node_line()
     hardware = " ".join(f for f in node_line.split() if not f.startswith("NodeName="))
-    cpus = int(_field(node_line, "CPUs"))
-    memory_mb = int(_field(node_line, "RealMemory"))
+    cpus = int(conf_field(node_line, "CPUs"))
+    memory_mb = int(conf_field(node_line, "RealMemory"))
     if net is None:
-        nodes = [(_field(node_line, "NodeName"), "127.0.0.1")]
+        nodes = [(conf_field(node_line, "NodeName"), "127.0.0.1")]
     else:
         nodes = [(net.host_ns(i), net.address(i)) for i in range(net.hosts)]
     ctld_addr = nodes[0][1]
@@ -516,8 +286,8 @@ def _start(stack: _Stack, root: Path, *, kill_wait_s: int, log: Callable[[str], 
         bin_dir = root / "bin"
         bin_dir.mkdir()
         for tool in CLIENTS:
-            if real := _which(tool):
-                _write(bin_dir / tool, f'#!/bin/sh\nexec ip netns exec {net.host_ns(0)} '
+            if real := which(tool):
+                write_file(bin_dir / tool, f'#!/bin/sh\nexec ip netns exec {net.host_ns(0)} '
                                        f'{real} "$@"\n', mode=0o755)
         env["PATH"] = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
 
@@ -526,11 +296,11 @@ def _start(stack: _Stack, root: Path, *, kill_wait_s: int, log: Callable[[str], 
     munge_dir.mkdir(mode=0o755)
     munge_dir.chmod(0o755)
     key = root / "munge.key"
-    subprocess.run([_which("mungekey") or "mungekey", "-c", "-k", str(key)], check=True,
+    subprocess.run([which("mungekey") or "mungekey", "-c", "-k", str(key)], check=True,
                    capture_output=True, timeout=30)
     munge_socket = munge_dir / "munge.socket"
     munged = stack.start("munged", [
-        _which("munged") or "munged", "-F", f"--key-file={key}", f"--socket={munge_socket}",
+        which("munged") or "munged", "-F", f"--key-file={key}", f"--socket={munge_socket}",
         f"--pid-file={root}/munged.pid", f"--log-file={root}/munged.log",
         f"--seed-file={root}/munged.seed"], log=root / "munged.log")
     stack.wait_for(munged, munge_socket.exists, 20)
@@ -540,20 +310,20 @@ def _start(stack: _Stack, root: Path, *, kill_wait_s: int, log: Callable[[str], 
     datadir = root / "mariadb"
     mysql_socket = root / "mariadb.sock"
     install = subprocess.run(
-        [_which("mariadb-install-db") or "mariadb-install-db", "--no-defaults",
+        [which("mariadb-install-db") or "mariadb-install-db", "--no-defaults",
          f"--datadir={datadir}", "--user=root", "--auth-root-authentication-method=socket",
          "--skip-test-db"], capture_output=True, text=True, timeout=120)
     if install.returncode != 0:
         raise LabUnavailable(f"mariadb-install-db failed: {install.stdout[-2000:]}"
                              f"{install.stderr[-2000:]}")
     mariadbd = stack.start("mariadbd", [*inside(0),
-        _which("mariadbd") or "mariadbd", "--no-defaults", f"--datadir={datadir}",
+        which("mariadbd") or "mariadbd", "--no-defaults", f"--datadir={datadir}",
         f"--socket={mysql_socket}", f"--pid-file={root}/mariadbd.pid", f"--port={ports['mariadb']}",
         "--bind-address=127.0.0.1", "--user=root", "--skip-name-resolve",
         f"--log-error={root}/mariadbd.log", "--innodb-buffer-pool-size=64M",
         "--innodb-log-file-size=16M", "--innodb-lock-wait-timeout=900", "--skip-log-bin"],
         log=root / "mariadbd.log")
-    client = [_which("mariadb") or "mariadb", "--no-defaults", f"--socket={mysql_socket}",
+    client = [which("mariadb") or "mariadb", "--no-defaults", f"--socket={mysql_socket}",
               "-uroot"]
 
     def _db_ready() -> bool:
@@ -573,11 +343,11 @@ def _start(stack: _Stack, root: Path, *, kill_wait_s: int, log: Callable[[str], 
     (root / "ctld-state").mkdir()
     for name, _addr in nodes:
         (root / f"slurmd-spool-{name}").mkdir()
-    _write(root / "plugstack.conf", "")
-    _write(root / "slurm.conf", _slurm_conf(root, host=host, ctld_addr=ctld_addr, nodes=nodes,
+    write_file(root / "plugstack.conf", "")
+    write_file(root / "slurm.conf", slurm_conf(root, host=host, ctld_addr=ctld_addr, nodes=nodes,
                                             hardware=hardware, ports=ports,
                                             munge_socket=munge_socket, kill_wait_s=kill_wait_s))
-    _write(root / "slurmdbd.conf", _slurmdbd_conf(root, host=host, ports=ports,
+    write_file(root / "slurmdbd.conf", slurmdbd_conf(root, host=host, ports=ports,
                                                   munge_socket=munge_socket,
                                                   db_password=password), mode=0o600)
     lab = SlurmLab(root=root, env=env, node=nodes[0][0], nodes=tuple(n for n, _ in nodes),
@@ -594,7 +364,7 @@ def _start(stack: _Stack, root: Path, *, kill_wait_s: int, log: Callable[[str], 
                 return True
         return ready
 
-    slurmdbd = stack.start("slurmdbd", [*inside(0), _which("slurmdbd") or "slurmdbd", "-D"],
+    slurmdbd = stack.start("slurmdbd", [*inside(0), which("slurmdbd") or "slurmdbd", "-D"],
                            log=root / "slurmdbd.log")
     stack.wait_for(slurmdbd, _listening(ports["slurmdbd"]), 60)
     added = lab.run("sacctmgr", "--immediate", "add", "cluster", CLUSTER,
@@ -605,7 +375,7 @@ def _start(stack: _Stack, root: Path, *, kill_wait_s: int, log: Callable[[str], 
     lab.pids["slurmdbd"] = slurmdbd.proc.pid
     log(f"slurmdbd  pid {slurmdbd.proc.pid} (127.0.0.1:{ports['slurmdbd']})")
 
-    slurmctld = stack.start("slurmctld", [*inside(0), _which("slurmctld") or "slurmctld", "-D",
+    slurmctld = stack.start("slurmctld", [*inside(0), which("slurmctld") or "slurmctld", "-D",
                                           "-i"], log=root / "slurmctld.log")
     stack.wait_for(slurmctld, lambda: lab.run("scontrol", "ping", check=False).returncode == 0
                    and "UP" in lab.run("scontrol", "ping", check=False).stdout, 60)
@@ -615,7 +385,7 @@ def _start(stack: _Stack, root: Path, *, kill_wait_s: int, log: Callable[[str], 
     slurmds = []
     for i, (name, _addr) in enumerate(nodes):
         daemon = f"slurmd-{name}" if net is not None else "slurmd"
-        slurmds.append(stack.start(daemon, [*inside(i), _which("slurmd") or "slurmd", "-D",
+        slurmds.append(stack.start(daemon, [*inside(i), which("slurmd") or "slurmd", "-D",
                                             "-N", name], log=root / f"slurmd-{name}.log"))
         lab.pids[daemon] = slurmds[-1].proc.pid
     for slurmd in slurmds:
@@ -640,7 +410,7 @@ def _teardown(stack: _Stack, root: Path, lab: SlurmLab | None,
         log(line)
     if leftovers := sorted(set(steps) | set(leftover_pids(conf))):
         log(f"stopping leftover job processes {leftovers}")
-        _kill_pids(leftovers)
+        kill_pids(leftovers)
     shutil.rmtree(root, ignore_errors=True)
 
 
@@ -675,9 +445,9 @@ def lab_slurm(*, hosts: int = 1, rate: str | None = LINK_RATE, install: bool = T
         raise LabUnavailable(reason)
     net: Cluster | None = None
     if hosts > 1:
-        from shadowsync.benchmarks import cluster
+        from shadowsync.benchmarks import cluster, netns
 
-        if (reason := cluster.unavailable_reason()) is not None:
+        if (reason := netns.unavailable_reason()) is not None:
             raise LabUnavailable(f"no namespaces for {hosts} nodes: {reason}")
         net = cluster.Cluster(hosts=hosts, rate=rate, name=f"slurm{os.getpid()}")
     root = Path(tempfile.mkdtemp(prefix="slurm-lab-"))
@@ -729,7 +499,7 @@ def _up(args: argparse.Namespace) -> int:
               f"\nCtrl-C here stops every daemon and removes {lab.root}"
               f"{' and the namespaces' if nodes > 1 else ''}.", flush=True)
         with contextlib.suppress(KeyboardInterrupt):
-            while not (gone := [n for n, pid in lab.pids.items() if not _running(pid)]):
+            while not (gone := [n for n, pid in lab.pids.items() if not running(pid)]):
                 time.sleep(1)
             print(f"error: {', '.join(gone)} exited; stopping the lab", file=sys.stderr,
                   flush=True)
@@ -783,7 +553,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             "1gbit, unlimited (default: %(default)s)")
     args = parser.parse_args(argv)
     handlers: dict[str, Callable[[argparse.Namespace], int]] = {"up": _up, "check": _check}
-    from shadowsync.benchmarks.cluster import ClusterError
+    from shadowsync.benchmarks.netns import ClusterError
 
     try:
         return handlers[args.command](args)

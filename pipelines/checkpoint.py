@@ -10,7 +10,7 @@ Layout of one checkpoint, under any path fsspec can reach (local, ``s3://``, ``g
                                        synchronizer's state, step and data position, RNG state
         config.yaml, data_spec.json    rank 0: the run's resolved config and the data set's
                                        features and table sizes, so the model is rebuilt from
-                                       the checkpoint alone (:func:`load_model`)
+                                       the checkpoint alone (:func:`~.saved_model.load_model`)
         COMPLETE                       written by rank 0 last, after every rank finished:
                                        JSON with the step, the world size and the size and
                                        SHA-256 of every other file of the checkpoint
@@ -30,7 +30,6 @@ import json
 import logging
 import re
 import time
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,10 +38,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from shadowsync.datasets import DataSpec
-from shadowsync.models.zoo import RecTrain, build_model
 from shadowsync.pipelines.config import RunConfig, config_from_text
 
 logger = logging.getLogger(__name__)
@@ -73,10 +69,6 @@ class CheckpointMismatch(ValueError):
     """A complete checkpoint of a job that this one cannot continue (another world size)."""
 
 
-class ModelMismatch(ValueError):
-    """A checkpoint's weights do not fit the model its config builds (names the keys)."""
-
-
 @dataclass(frozen=True)
 class CheckpointInfo:
     path: str
@@ -88,19 +80,20 @@ def _fs_and_path(url: str) -> tuple[fsspec.AbstractFileSystem, str]:
     return fs, path
 
 
-def _join(root: str, *parts: str) -> str:
+def join(root: str, *parts: str) -> str:
+    """``root`` and ``parts`` as one path (URLs too: fsspec's separator)."""
     return "/".join([root.rstrip("/"), *parts])
 
 
 def step_dir(root: str, step: int) -> str:
-    return _join(root, f"step_{step:08d}")
+    return join(root, f"step_{step:08d}")
 
 
 def complete_step(path: str) -> int | None:
     """The step of the checkpoint directory ``path`` if it is complete, else None."""
     m = _STEP_DIR.search(path.rstrip("/"))
     fs, local = _fs_and_path(path)
-    return int(m.group(1)) if m and fs.exists(_join(local, MARKER)) else None
+    return int(m.group(1)) if m and fs.exists(join(local, MARKER)) else None
 
 
 def _entries(root: str) -> list[str]:
@@ -170,22 +163,22 @@ def save(
         dcp.save(sharded, checkpoint_id=target)
     except CheckpointException as e:  # a BaseException: make it a failure the loop reports
         raise CheckpointWriteFailed(f"{target}: {describe(e)}") from None
-    with fsspec.open(_join(target, f"rank_{rank:05d}.pt"), "wb") as f:
+    with fsspec.open(join(target, f"rank_{rank:05d}.pt"), "wb") as f:
         torch.save(local, f)
     if rank == 0:
         for name, text in (texts or {}).items():
-            with fsspec.open(_join(target, name), "w") as f:
+            with fsspec.open(join(target, name), "w") as f:
                 f.write(text)
     dist.barrier()
     names: list[Any] = [sorted(_name(e) for e in fs.ls(path, detail=False)) if rank == 0
                         else None]
     dist.broadcast_object_list(names, src=0)
-    mine = {n: _digest(_join(target, n)) for n in _share(names[0], rank, world)}
+    mine = {n: _digest(join(target, n)) for n in _share(names[0], rank, world)}
     digests: list[Any] = [None] * world if rank == 0 else []
     dist.gather_object(mine, digests if rank == 0 else None, dst=0)
     if rank == 0:
         files = {n: d for part in digests for n, d in sorted(part.items())}
-        with fsspec.open(_join(target, MARKER), "w") as f:
+        with fsspec.open(join(target, MARKER), "w") as f:
             f.write(json.dumps({"step": step, "world_size": world, "time": time.time(),
                                 "files": files}))
         _prune(root, keep, step)
@@ -239,12 +232,12 @@ def set_aside(root: str) -> list[str]:
 
 def _marker(ckpt: CheckpointInfo) -> dict[str, Any]:
     try:
-        with fsspec.open(_join(ckpt.path, MARKER), "r") as f:
+        with fsspec.open(join(ckpt.path, MARKER), "r") as f:
             meta = json.loads(f.read())
         if not {"step", "world_size"} <= meta.keys():
             raise KeyError("step or world_size")
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise CheckpointCorrupt(f"{_join(ckpt.path, MARKER)}: unreadable marker "
+        raise CheckpointCorrupt(f"{join(ckpt.path, MARKER)}: unreadable marker "
                                 f"({type(e).__name__}: {e})") from e
     return meta
 
@@ -283,7 +276,7 @@ def _verify_digests(ckpt: CheckpointInfo, meta: dict[str, Any], rank: int, world
         return
     fs, _ = _fs_and_path(ckpt.path)
     for name in _share(list(files), rank, world):
-        path = _join(ckpt.path, name)
+        path = join(ckpt.path, name)
         if not fs.exists(_fs_and_path(path)[1]):
             raise CheckpointCorrupt(f"{path}: missing (listed in {MARKER})")
         found, expected = _digest(path), files[name]
@@ -313,7 +306,7 @@ def load(ckpt: CheckpointInfo, sharded: dict[str, Any]) -> dict[str, Any]:
 def read_rank_file(ckpt: CheckpointInfo, rank: int) -> dict[str, Any]:
     """The state ``rank`` saved on its own (``torch.load(..., weights_only=True)``); raises
     :class:`CheckpointCorrupt` naming the file if it does not read."""
-    path = _join(ckpt.path, f"rank_{rank:05d}.pt")
+    path = join(ckpt.path, f"rank_{rank:05d}.pt")
     try:
         with fsspec.open(path, "rb") as f:
             return torch.load(f, weights_only=True)
@@ -325,7 +318,7 @@ def stored_config(ckpt: CheckpointInfo, overrides: list[str] | None = None) -> R
     """The run's config the checkpoint holds (``config.yaml``), with ``overrides`` on top, read
     through fsspec like the rest of the checkpoint (so a remote one's too); None when it holds
     none (written by an older shadowsync), for the caller to say what to use instead."""
-    where = _join(ckpt.path, CONFIG)
+    where = join(ckpt.path, CONFIG)
     try:
         with fsspec.open(where, "r") as f:
             text = f.read()
@@ -357,66 +350,3 @@ def quarantine(ckpt: CheckpointInfo) -> str | None:
         logger.warning("could not rename %s aside: %s", ckpt.path, e)
         return None
     return target
-
-
-def load_model(path: str) -> tuple[RecTrain, RunConfig]:
-    """The trained model of a checkpoint, unsharded, on the CPU of this one process (no
-    process group), in eval mode, with the run's config.
-
-    ``path`` is a checkpoint folder (``.../step_00001200``) or a root holding several (the
-    newest complete one is used). The checkpoint is verified against its digests first; the
-    model is built from the config stored in it (``config.yaml``, ``data_spec.json``) and
-    its tables and rank 0's dense replica are loaded.
-
-    Args:
-        path: a local checkpoint folder or root.
-
-    Returns:
-        The model (``RecTrain``; the architecture is ``.model``) and the run's config.
-
-    Raises:
-        ModelMismatch: the config builds a model whose parameters or shapes differ from the
-            checkpoint's weights (names the keys).
-        CheckpointCorrupt: a file changed since it was written.
-        ValueError: no complete checkpoint at ``path``, or one without its config (written
-            by an older shadowsync).
-
-    Example::
-
-        model, cfg = load_model("runs/ckpt")
-        logits = model.model(batch.dense_features, batch.sparse_features)
-    """
-    found = resolve(path)
-    verify_files(found)
-    cfg = stored_config(found)
-    if cfg is None:
-        raise ValueError(f"{found.path}: no {CONFIG} (written by an older shadowsync): build "
-                         "the model yourself and load its weights")
-    with fsspec.open(_join(found.path, SPEC), "r") as f:
-        spec = DataSpec(**json.loads(f.read()))
-    model = build_model(cfg.model, spec, torch.device("cpu"))
-    wanted = {f"model.{k}": v for k, v in model.state_dict().items()}
-    saved = {k: tuple(m.size) for k, m in dcp.FileSystemReader(found.path).read_metadata()
-             .state_dict_metadata.items() if isinstance(m, TensorStorageMetadata)}
-    # The dense replica is in the per-rank files (rank 0's here), the rest in DCP; checkpoints
-    # of older versions hold the dense weights in both, and the per-rank copy wins.
-    dense = {f"model.{k}": v for k, v in read_rank_file(found, 0)["dense"].items()}
-    saved.update({k: tuple(v.shape) for k, v in dense.items()})
-    missing = sorted(set(wanted) - set(saved))
-    unexpected = sorted(k for k in saved if k.startswith("model.") and k not in wanted)
-    shapes = [f"{k} {saved[k]} in the checkpoint, {tuple(v.shape)} built"
-              for k, v in wanted.items() if k in saved and saved[k] != v.shape]
-    if missing or unexpected or shapes:
-        problems = [f"{label}: {keys[:5]}{' ...' if len(keys) > 5 else ''}" for label, keys in
-                    (("missing", missing), ("unexpected", unexpected), ("shapes", shapes))
-                    if keys]
-        raise ModelMismatch(f"{found.path}: its weights do not fit the model its config builds "
-                            f"(model.name={cfg.model.name}); " + "; ".join(problems))
-    state = {k: v for k, v in wanted.items() if k not in dense}
-    with warnings.catch_warnings():  # one process on purpose: DCP's note that it assumes so
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled",
-                                category=UserWarning)
-        dcp.load(state, checkpoint_id=found.path, no_dist=True)
-    state.update(dense)
-    model.load_state_dict({k.removeprefix("model."): v for k, v in state.items()}, strict=True)
-    return model.eval(), cfg

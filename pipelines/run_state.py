@@ -117,7 +117,7 @@ class CheckpointParts:
     """What a checkpoint holds: ``sharded`` through DCP; per rank, each of ``local``'s parts'
     own state under its name (``torch.distributed.checkpoint``'s ``Stateful``: adding a part
     adds an entry here, nothing to the checkpointer); ``files`` beside them, written by rank 0
-    (the config and data spec, so :func:`~.checkpoint.load_model` rebuilds the model from a
+    (the config and data spec, so :func:`~.saved_model.load_model` rebuilds the model from a
     checkpoint alone)."""
 
     sharded: ShardedState

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from shadowsync.sync.config import BMUFConfig, EASGDConfig, check
+from shadowsync.sync.config import BMUFConfig, EASGDConfig, SyncConfig, check
 
 __all__ = [
     "WIRE_DTYPES",
@@ -43,6 +43,7 @@ __all__ = [
     "ElasticAveraging",
     "ModelAveraging",
     "SyncStrategy",
+    "make_strategy",
 ]
 
 WIRE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -380,3 +381,13 @@ class BlockwiseModelUpdateFiltering(SyncStrategy):
 
     def consensus(self, reduced: Tensor) -> Tensor:
         return self._advance(reduced).clone()
+
+
+def make_strategy(cfg: SyncConfig) -> SyncStrategy:
+    """The ShadowSync strategy ``sync.strategy`` names, with its options and the wire dtype."""
+    if not cfg.algorithm.strategy:
+        raise ValueError(f"sync.strategy.name: {cfg.strategy.name!r} is not a ShadowSync "
+                         "strategy")
+    strategy: SyncStrategy = cfg.algorithm.load().from_config(
+        cfg.strategy.strategy_options(), getattr(torch, cfg.transport.wire_dtype))
+    return strategy

@@ -37,23 +37,13 @@ from shadowsync.sync.protocol import average_, new_sync_group
 from shadowsync.sync.round import ReplicaSet
 from shadowsync.sync.runner import FixedRateOptions, FixedRateSyncRunner, SyncRunner
 from shadowsync.sync.shadow import ShadowOptions, ShadowSyncRunner
-from shadowsync.sync.strategies import SyncStrategy
+from shadowsync.sync.strategies import make_strategy
 
 __all__ = ["PHASES", "DDPReplicas", "LocalReplicas", "PeriodicAveragerReplicas", "Phase",
            "ReplicaHooks", "ShadowSyncReplicas", "build_replica_wrapper",
-           "data_parallel_table_parameters", "dense_parameters", "make_strategy"]
+           "data_parallel_table_parameters", "dense_parameters"]
 
 logger = logging.getLogger(__name__)
-
-
-def make_strategy(cfg: SyncConfig) -> SyncStrategy:
-    """The ShadowSync strategy ``sync.strategy`` names, with its options and the wire dtype."""
-    if not cfg.algorithm.strategy:
-        raise ValueError(f"sync.strategy.name: {cfg.strategy.name!r} is not a ShadowSync "
-                         "strategy")
-    strategy: SyncStrategy = cfg.algorithm.load().from_config(
-        cfg.strategy.strategy_options(), getattr(torch, cfg.transport.wire_dtype))
-    return strategy
 
 
 def build_replica_wrapper(cfg: SyncConfig, failures: FailureSink | None = None,
@@ -88,8 +78,7 @@ class Phase(enum.Enum):
 
 
 _P = Phase
-# The calls each phase allows and where they lead; ``fail`` (a round failed, with degrade)
-# and ``rejoin`` (the rejoin step) are what ``after_step`` moves on to.
+# ``fail`` (a round failed, with degrade) and ``rejoin`` are what ``after_step`` moves on to.
 PHASES: dict[tuple[Phase, str], Phase] = {
     (_P.UNWRAPPED, "wrap"): _P.RUNNING,
     (_P.UNWRAPPED, "close"): _P.UNWRAPPED,
@@ -261,17 +250,20 @@ class ShadowSyncReplicas(LocalReplicas):
         ), report)
 
     def close(self) -> None:
-        """Destroys every sync group made (the first, and one per merge); after :meth:`finish`
-        on every rank: no runner is running, so none of them is in use."""
+        """Destroys every sync group made (the first, one per merge), after :meth:`finish`."""
         self._phases.move("close")
         for group in self._groups:
             dist.destroy_process_group(group)
         self._groups.clear()
 
+    def _fatal(self, error: SyncError) -> bool:
+        """Whether ``error`` stops training: ``on_failure: raise``, or a non-finite replica,
+        never degraded around (the model's failure would be averaged into every replica)."""
+        return self.cfg.failure.on_failure == "raise" or isinstance(error, NonFiniteError)
+
     def _report(self, error: SyncError) -> None:
         """The runner's failure hook: what will stop training goes to the fault domain."""
-        if self._failures is not None and (self.cfg.failure.on_failure == "raise"
-                                           or isinstance(error, NonFiniteError)):
+        if self._failures is not None and self._fatal(error):
             self._failures.claim(error)
 
     def _runner(self) -> SyncRunner:
@@ -280,9 +272,8 @@ class ShadowSyncReplicas(LocalReplicas):
         return self.runner
 
     def _tolerate(self, error: SyncError) -> None:
-        """Re-raises ``error`` unless ``degrade`` covers it (never a non-finite replica: the
-        model's failure, not the synchronizer's, would be averaged into every replica)."""
-        if self.cfg.failure.on_failure == "raise" or isinstance(error, NonFiniteError):
+        """Re-raises ``error`` unless ``degrade`` covers it."""
+        if self._fatal(error):
             raise error
         logger.warning("%s; training the local replica (sync.failure.on_failure=degrade)", error)
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from shadowsync.benchmarks import cluster as cl
+from shadowsync.benchmarks import link_probe, netns
 from tests._dist import SMALL
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,13 +35,13 @@ FAIL_ON_H1 = ["--no-python", "sh", "-c",
 @pytest.fixture
 def root_ns() -> None:
     """Skips, saying why, where clusters cannot be built (not root, no ip/tc, no netns)."""
-    reason = cl.unavailable_reason()
+    reason = netns.unavailable_reason()
     if reason is not None:
         pytest.skip(f"emulated cluster unavailable: {reason}")
 
 
 def _ours(name: str = NAME) -> list[str]:
-    return sorted(ns for ns in cl.list_namespaces() if ns.startswith(f"{cl.PREFIX}-{name}"))
+    return sorted(ns for ns in netns.list_namespaces() if ns.startswith(f"{netns.PREFIX}-{name}"))
 
 
 def _cli(*args: str) -> list[str]:
@@ -49,38 +50,39 @@ def _cli(*args: str) -> list[str]:
 
 # -- no root needed ---------------------------------------------------------------------------
 def test_rates_and_sizes_parse_like_tc() -> None:
-    assert cl.parse_rate("200mbit") == 200_000_000
-    assert cl.parse_rate("1gbit") == 10**9
-    assert cl.parse_rate("125mbps") == 10**9  # tc: bps is bytes per second
-    assert cl.parse_rate("1.5Gbit") == 1_500_000_000
-    assert cl.parse_rate("unlimited") is None and cl.parse_rate(None) is None
+    assert netns.parse_rate("200mbit") == 200_000_000
+    assert netns.parse_rate("1gbit") == 10**9
+    assert netns.parse_rate("125mbps") == 10**9  # tc: bps is bytes per second
+    assert netns.parse_rate("1.5Gbit") == 1_500_000_000
+    assert netns.parse_rate("unlimited") is None and netns.parse_rate(None) is None
     for bad in ("200", "fast", "1gbit; rm -rf /", "10bit"):
-        with pytest.raises(cl.ClusterError):
-            cl.parse_rate(bad)
-    assert cl.parse_size("256kb") == 256 * 1024 and cl.parse_size("65536") == 65536
-    with pytest.raises(cl.ClusterError):
-        cl.parse_size("lots")
-    assert cl.default_burst(10**9) == 250_000  # 2 ms at 1 Gbit/s
-    assert cl.default_burst(10**6) == 32 * 1024
+        with pytest.raises(netns.ClusterError):
+            netns.parse_rate(bad)
+    assert netns.parse_size("256kb") == 256 * 1024 and netns.parse_size("65536") == 65536
+    with pytest.raises(netns.ClusterError):
+        netns.parse_size("lots")
+    assert netns.default_burst(10**9) == 250_000  # 2 ms at 1 Gbit/s
+    assert netns.default_burst(10**6) == 32 * 1024
 
 
 def test_bad_settings_fail_before_touching_the_system() -> None:
-    with pytest.raises(cl.ClusterError, match="hosts"):
+    with pytest.raises(netns.ClusterError, match="hosts"):
         cl.Cluster(hosts=0)
-    with pytest.raises(cl.ClusterError, match="name"):
+    with pytest.raises(netns.ClusterError, match="name"):
         cl.Cluster(name="../etc")
-    with pytest.raises(cl.ClusterError, match="rate"):
+    with pytest.raises(netns.ClusterError, match="rate"):
         cl.Cluster(rate="1 gigabit")
-    c = cl.Cluster(hosts=3, up_rate="1gbit", down_rate="200mbit", shared_rate="2gbit", name="x")
+    c = cl.Cluster(hosts=3, name="x", links=cl.Links(
+        up_rate="1gbit", down_rate="200mbit", shared_rate="2gbit"))
     assert c.describe() == "cluster 'x': 3 hosts, links up 1gbit / down 200mbit, shared 2gbit"
     argv = c.torchrun_argv(2, 29500, ["-m", "mod", "a=b c"])
     assert argv[:4] == ["ip", "netns", "exec", "ssc-x-h2"]
     assert Path(argv[4]) == Path(sys.executable).parent / "torchrun"
     assert argv[5:] == ["--nnodes=3", "--nproc_per_node=1", "--node_rank=2",
                         "--master_addr=198.18.0.1", "--master_port=29500", "-m", "mod", "a=b c"]
-    with pytest.raises(cl.ClusterError, match="sync_class"):
-        cl.Cluster(sync_class="high")
-    low = cl.Cluster(hosts=2, rate="1gbit", name="y", sync_class="low")
+    with pytest.raises(netns.ClusterError, match="sync_class"):
+        cl.Cluster(links=cl.Links(sync_class="high"))
+    low = cl.Cluster(hosts=2, rate="1gbit", name="y", links=cl.Links(sync_class="low"))
     assert low.describe() == "cluster 'y': 2 hosts, links 1gbit, sync traffic in a low class"
     assert low.sync_address(1) == "198.18.1.2" and low.address(1) == "198.18.0.2"
 
@@ -100,11 +102,12 @@ def test_up_replaces_and_down_removes_only_its_own(root_ns: None) -> None:
     try:
         cl.Cluster(hosts=3, rate="1gbit", name=NAME).up()
         cl.Cluster(hosts=1, name=other).up()
-        c = cl.Cluster(hosts=2, rate="100mbit", shared_rate="300mbit", name=NAME).up()
-        assert cl.cluster_namespaces(NAME) == [f"ssc-{NAME}-h0", f"ssc-{NAME}-h1",
+        c = cl.Cluster(hosts=2, rate="100mbit", name=NAME,
+                       links=cl.Links(shared_rate="300mbit")).up()
+        assert netns.cluster_namespaces(NAME) == [f"ssc-{NAME}-h0", f"ssc-{NAME}-h1",
                                                 f"ssc-{NAME}-sw"]
-        assert cl.list_clusters()[NAME] == 2 and cl.list_clusters()[other] == 1
-        up = subprocess.run(["tc", "-n", c.host_ns(1), "qdisc", "show", "dev", cl.HOST_IF],
+        assert netns.list_clusters()[NAME] == 2 and netns.list_clusters()[other] == 1
+        up = subprocess.run(["tc", "-n", c.host_ns(1), "qdisc", "show", "dev", netns.HOST_IF],
                             capture_output=True, text=True, check=True).stdout
         assert "tbf" in up and "100Mbit" in up, up
         sw = subprocess.run(["tc", "-n", c.switch_ns, "qdisc", "show"],
@@ -120,10 +123,10 @@ def test_up_replaces_and_down_removes_only_its_own(root_ns: None) -> None:
         c.down()
         assert _ours() == [f"ssc-{other}-h0", f"ssc-{other}-sw"]
     finally:
-        cl.down(NAME)
-        cl.down(other)
+        netns.down(NAME)
+        netns.down(other)
     assert _ours() == []
-    assert not (cl.ETC_NETNS / f"ssc-{NAME}-h0").exists()
+    assert not (netns.ETC_NETNS / f"ssc-{NAME}-h0").exists()
 
 
 @pytest.mark.slow
@@ -133,10 +136,10 @@ def test_limited_link_and_training_across_hosts(root_ns: None) -> None:
     # A shadow job sends its rounds from the sync address: they cross the link in the low class
     # while its all-to-alls use the default one.
     shadow = [*TRAIN, "sync.strategy.name=ma", "sync.schedule.mode=shadow",
-              f"sync.transport.socket_ifname={cl.SYNC_IF}"]
-    with cl.Cluster(hosts=2, rate="200mbit", name=NAME, sync_class="low") as c:
+              f"sync.transport.socket_ifname={netns.SYNC_IF}"]
+    with cl.Cluster(hosts=2, rate="200mbit", name=NAME, links=cl.Links(sync_class="low")) as c:
         # 8 MB at 200 Mbit/s (25 MB/s) is 0.32 s on the wire; unlimited it is ~10 ms.
-        (r,) = c.probe([8], repeats=1)
+        (r,) = link_probe.probe(c, [8], repeats=1)
         assert r.seconds >= 0.25, r
         assert r.algbw_MBps < 26, r
         sent_before, _ = c.traffic(1)
@@ -162,7 +165,7 @@ def test_limited_link_and_training_across_hosts(root_ns: None) -> None:
 
 def _class_bytes(c: cl.Cluster) -> dict[str, int]:
     """Bytes host 1 sent in each htb class of its link."""
-    stats = subprocess.run(["tc", "-n", c.host_ns(1), "-s", "class", "show", "dev", cl.HOST_IF],
+    stats = subprocess.run(["tc", "-n", c.host_ns(1), "-s", "class", "show", "dev", netns.HOST_IF],
                            capture_output=True, text=True, check=True).stdout
     return {m[0]: int(m[1]) for m in re.findall(r"class htb (1:\d+) .*\n\s*Sent (\d+) bytes",
                                                  stats)}
@@ -176,8 +179,9 @@ def test_low_sync_class_keeps_training_traffic_ahead_of_sync_rounds(root_ns: Non
     # class it goes first, in about its time alone.
     times = {}
     for sync_class in ("same", "low"):
-        with cl.Cluster(hosts=2, rate="200mbit", name=NAME, sync_class=sync_class) as c:
-            (r,) = c.probe([1], repeats=3, contend_mb=8)
+        with cl.Cluster(hosts=2, rate="200mbit", name=NAME,
+                        links=cl.Links(sync_class=sync_class)) as c:
+            (r,) = link_probe.probe(c, [1], repeats=3, contend_mb=8)
             times[sync_class] = r.seconds
     assert times["low"] < 0.08, times
     assert times["same"] > 1.5 * times["low"], times

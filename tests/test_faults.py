@@ -130,7 +130,7 @@ def _assert_loadable(root: Path, step: int) -> None:
     assert found is not None and found.step == step, found
     for rank in range(2):
         local = torch.load(Path(found.path) / f"rank_{rank:05d}.pt", weights_only=True)
-        assert local["step"] == step
+        assert local["position"]["step"] == step
 
 
 # ---------------------------------------------------------------------------------- bad input

@@ -15,6 +15,8 @@ import pytest
 
 from shadowsync.benchmarks import frontier as fr
 from shadowsync.benchmarks import rows
+from shadowsync.benchmarks import tradeoff as to
+from shadowsync.benchmarks.scaling_model import overrides as so
 
 
 def run(arm: str, repeat: int, eps: float, gap: float | None = None,
@@ -38,34 +40,34 @@ ROWS = [
 
 
 def arms() -> dict[str, dict[str, Any]]:
-    return {a["arm"]: a for a in fr.summarize(ROWS, world_size=2)}
+    return {a["arm"]: a for a in to.summarize(ROWS, world_size=2)}
 
 
 def test_slowdown_goal_needs_the_whole_spread_and_names_the_nearest_fr() -> None:
-    (goal,) = fr.slowdown_goal(list(arms().values()))
+    (goal,) = to.slowdown_goal(list(arms().values()))
     assert (goal["arm"], goal["keep"], goal["fr"]) == ("S 5%", 0.95, "FR k=10")
     assert goal["kept"] and goal["less_often"] == pytest.approx(10 / 4)
     slow = [{**r, "examples_per_s": r["examples_per_s"] * 0.99} if r["arm"] == "S 5%" and
             r["repeat"] == 0 else r for r in ROWS]  # one repeat at 0.9405 < 0.95
-    (missed,) = fr.slowdown_goal(fr.summarize(slow, world_size=2))
+    (missed,) = to.slowdown_goal(to.summarize(slow, world_size=2))
     assert not missed["kept"]
     assert ("| S 5% | 0.95 | 0.960 [0.941, 0.960] | **no** | - | 4.0 | FR k=10 (0.900, 10.0) "
-            "| 2.5 |") in fr.slowdown_table([missed])
+            "| 2.5 |") in to.slowdown_table([missed])
     # The pacer's own reckoning of its loss: busy share times round cost, over the runs.
     paced = [{**r, "sync_busy_share": 0.5, "sync_round_cost": 0.06 + 0.02 * r["repeat"]}
              if r["arm"] == "S 5%" else r for r in ROWS]
-    (goal,) = fr.slowdown_goal(fr.summarize(paced, world_size=2))
+    (goal,) = to.slowdown_goal(to.summarize(paced, world_size=2))
     assert goal["reckoned"] == pytest.approx(0.04)
-    assert "| yes | 4.0% | 4.0 |" in fr.slowdown_table([goal])
+    assert "| yes | 4.0% | 4.0 |" in to.slowdown_table([goal])
     # Over many jobs: each median's loss against its budget and against the reckoning (0.04
     # and 0.06 lost where 0.05 was asked and 0.04 and 0.05 reckoned), beside the A/A scatter.
     dearer = {**goal, "ratio": {**goal["ratio"], "median": 0.94}, "reckoned": 0.05}
     aa = [{"arm": "none A/A", "ratio": {"median": m}} for m in (0.99, 1.01)]
-    line = fr.budget_line([goal, dearer], aa)
+    line = to.budget_line([goal, dearer], aa)
     assert ("(2 arms): the loss of its median against its budget +0.0 ± 1.0 points (mean ± sd "
             "over the arms; 1 within it), and against the loss its pacer reckoned +0.5 ± 0.5 "
             "points; the A/A arms' medians scatter by 1.0 points (sd over 2 jobs)") in line
-    assert fr.budget_line([], aa) == ""
+    assert to.budget_line([], aa) == ""
 
 
 def test_slowdown_budgets_come_from_the_recorded_overrides() -> None:
@@ -75,16 +77,16 @@ def test_slowdown_budgets_come_from_the_recorded_overrides() -> None:
              "  arm S 5%: sync.strategy.name=ma sync.schedule.max_slowdown=0.2 "
              "sync.transport.socket_ifname=veth0:sync",
              "  arm S back to back: sync.strategy.name=ma sync.schedule.max_slowdown=null"]
-    budgets = fr.slowdown_budgets(fr.arm_overrides(["python benchmarks/frontier.py", *lines]))
+    budgets = to.slowdown_budgets(so.arm_overrides(["python benchmarks/frontier.py", *lines]))
     assert budgets == {"S 5%": 0.2}  # what the arm ran with, whatever its label says
     # jobs recorded before the sync section was split name its flat keys
     old = ["  arm none: sync.algorithm=none",
            "  arm S 5%: sync.algorithm=ma sync.max_slowdown=0.2 sync.socket_ifname=veth0:sync",
            "  arm S back to back: sync.algorithm=ma sync.max_slowdown=null"]
-    assert fr.slowdown_budgets(fr.arm_overrides(old)) == budgets
-    (goal,) = fr.slowdown_goal(list(arms().values()), budgets)
+    assert to.slowdown_budgets(so.arm_overrides(old)) == budgets
+    (goal,) = to.slowdown_goal(list(arms().values()), budgets)
     assert goal["keep"] == pytest.approx(0.8)
-    assert fr.slowdown_goal(list(arms().values()), {}) == []  # no arm had a budget
+    assert to.slowdown_goal(list(arms().values()), {}) == []  # no arm had a budget
 
 
 def test_ratios_are_to_the_same_repeats_none() -> None:
@@ -101,7 +103,7 @@ def test_ratios_are_to_the_same_repeats_none() -> None:
 
 
 def test_dominance_needs_the_whole_spread_and_a_smaller_gap() -> None:
-    d = {row["fr"]: row for row in fr.dominance(list(arms().values()))}
+    d = {row["fr"]: row for row in to.dominance(list(arms().values()))}
     # S 5% is faster in every repeat than FR k=10's best and syncs 2.5x as often.
     assert d["FR k=10"]["strict"] == ["S 5%"]
     # Against FR k=2 (ratio 0.5, gap 2) both shadow arms are faster; only back to back has a
@@ -116,15 +118,15 @@ def test_paired_dominance_compares_runs_of_the_same_repeat() -> None:
             *[run("FR k=5", r, e, gap=5) for r, e in enumerate([800, 800])],
             *[run("S b2b n10", r, e, gap=4) for r, e in enumerate([880, 840])],
             *[run("S b2b", r, e, gap=2) for r, e in enumerate([900, 790])]]
-    d = {row["fr"]: row for row in fr.dominance(fr.summarize(rows, world_size=2))}
+    d = {row["fr"]: row for row in to.dominance(to.summarize(rows, world_size=2))}
     assert d["FR k=5"]["paired"] == pytest.approx({"S b2b n10": 1.05})  # min(1.1, 1.05)
     assert d["FR k=5"]["strict"] == []  # 0.88 < 1.14
-    assert "S b2b n10 (1.05)" in fr.dominance_table(list(d.values()))
+    assert "S b2b n10 (1.05)" in to.dominance_table(list(d.values()))
 
 
 def test_dominance_fails_when_spreads_overlap() -> None:
     rows = [*ROWS, *[run("FR k=5", r, e, gap=5) for r, e in enumerate([940, 780, 1200])]]
-    d = {row["fr"]: row for row in fr.dominance(fr.summarize(rows, world_size=2))}
+    d = {row["fr"]: row for row in to.dominance(to.summarize(rows, world_size=2))}
     # FR k=5's best repeat (0.975) beats S 5%'s worst (0.95): not beyond the spread, although
     # S 5%'s median (0.96) equals FR k=5's median (0.96).
     assert d["FR k=5"]["strict"] == []
@@ -136,7 +138,7 @@ def test_dominance_compares_arms_that_send_the_same_bytes() -> None:
     against FR arms in bfloat16."""
     rows = [*ROWS, *[run("S 5% bf16", r, e, gap=3) for r, e in enumerate([990, 790, 1240])],
             *[run("FR k=10 bf16", r, e, gap=10) for r, e in enumerate([950, 760, 1190])]]
-    d = {row["fr"]: row for row in fr.dominance(fr.summarize(rows, world_size=2))}
+    d = {row["fr"]: row for row in to.dominance(to.summarize(rows, world_size=2))}
     assert d["FR k=10"]["strict"] == ["S 5%"]
     assert d["FR k=10 bf16"]["strict"] == ["S 5% bf16"]
     arms = fr.default_arms("ma", [5], ["5%: sync.schedule.max_slowdown=0.05"],
@@ -163,17 +165,17 @@ def test_chunks_are_sized_by_link_time() -> None:
 
 def test_an_aa_arm_is_reported_as_the_spread_between_identical_arms() -> None:
     arms_aa = fr.default_arms("ma", [5], ["b2b: sync.schedule.max_slowdown=null"], aa=True)
-    assert arms_aa[-1] == f"{fr.AA_ARM}: sync.strategy.name=none"
-    assert fr.AA_ARM not in "".join(
+    assert arms_aa[-1] == f"{to.AA_ARM}: sync.strategy.name=none"
+    assert to.AA_ARM not in "".join(
         fr.default_arms("ma", [5], ["b2b: sync.schedule.max_slowdown=null"]))
-    again = [run(fr.AA_ARM, r, e) for r, e in enumerate([1030, 760, 1250])]
-    summary = fr.summarize([*ROWS, *again], world_size=2)
-    assert fr.aa_line(summary).startswith(
+    again = [run(to.AA_ARM, r, e) for r, e in enumerate([1030, 760, 1250])]
+    summary = to.summarize([*ROWS, *again], world_size=2)
+    assert to.aa_line(summary).startswith(
         "A/A: a second `none` arm read 1.000 [0.950, 1.030] of the first")
-    assert fr.aa_line(list(arms().values())) == ""
+    assert to.aa_line(list(arms().values())) == ""
     # it is neither an FR point nor a shadow arm
-    assert all(fr.AA_ARM not in (d["fr"], *d["strict"], *d["median"])
-               for d in fr.dominance(summary))
+    assert all(to.AA_ARM not in (d["fr"], *d["strict"], *d["median"])
+               for d in to.dominance(summary))
 
 
 @pytest.mark.slow
@@ -185,7 +187,7 @@ def test_an_interleaved_job_has_no_ddp_arm_and_says_what_its_repeats_are(
     turns = [{**r, "interleave": 100, "eval_ne": math.nan} for r in ROWS]
     (tmp_path / "raw" / "h2_1gbit-t.json").write_text(json.dumps(turns))
     (tmp_path / "raw" / "h2_1gbit.json").write_text(json.dumps(ROWS))
-    text = fr.report(tmp_path, ["1gbit", "1gbit-t"])
+    text = to.report(tmp_path, ["1gbit", "1gbit-t"])
     separate, interleaved = text.split("### 2 hosts, links ")[1:]
     assert "Interleaved" not in separate
     assert "Interleaved (`--interleave 100`): the arms took turns of 100 steps" in interleaved
@@ -205,18 +207,18 @@ def test_bracketed_turns_are_compared_with_the_none_turns_beside_them(tmp_path: 
              for r, (e, b) in enumerate([(800, 1000), (810, 900)])]
     rows += [{**run("S b2b", r, e, gap=2), "baseline_examples_per_s": b, "interleave": 100}
              for r, (e, b) in enumerate([(950, 1000), (760, 800)])]
-    a = {s["arm"]: s for s in fr.summarize(rows, world_size=2)}
+    a = {s["arm"]: s for s in to.summarize(rows, world_size=2)}
     assert a["none"]["runs"] == 4 and math.isnan(a["none"]["ne"])
     assert math.isnan(a["none"]["ne_sd"])
     assert a["FR k=5"]["ratio"] == pytest.approx({"median": 0.85, "min": 0.8, "max": 0.9})
     assert a["S b2b"]["ratio"] == pytest.approx({"median": 0.95, "min": 0.95, "max": 0.95})
-    (d,) = fr.dominance(list(a.values()))
+    (d,) = to.dominance(list(a.values()))
     assert d["paired"] == pytest.approx({"S b2b": 0.95 / 0.9}) and d["strict"] == ["S b2b"]
     (tmp_path / "raw").mkdir()
     (tmp_path / "raw" / "h2_1gbit.json").write_text(json.dumps(rows))
     assert ("a `none` turn ran before every other turn (`--bracket`), and each turn is "
             "compared with the mean of the `none` turns just before and after it"
-            in fr.report(tmp_path, ["1gbit"]))
+            in to.report(tmp_path, ["1gbit"]))
 
 
 def test_a_traced_job_shows_where_each_arms_cost_lands(tmp_path: Path) -> None:
@@ -242,15 +244,15 @@ def test_a_traced_job_shows_where_each_arms_cost_lands(tmp_path: Path) -> None:
     assert s["quiet 1"] == pytest.approx((0.0, 2, 0.0), abs=1e-12)
     assert s["quiet 2"] == pytest.approx((0.05, 2, 0.01))
     assert s["before any"] == pytest.approx((0.0, 2, 0.0), abs=1e-12)
-    table = fr.footprint_table([turn])
+    table = to.footprint_table([turn])
     assert ("| S 5% | +7.0% | +6.0% | +1.0% | +20.0% (1) | +10.0% (1) | - | +0.0% (1) | "
             "+5.0% (1) | - | +0.0% (1) |") in table
-    assert fr.footprint_table(ROWS) == ""  # nothing traced: no table
+    assert to.footprint_table(ROWS) == ""  # nothing traced: no table
     (tmp_path / "raw").mkdir()
     (tmp_path / "raw" / "h2_1gbit.json").write_text(json.dumps([
         {**run("none", 0, 1000), "baseline_examples_per_s": 1000.0, "interleave": 5},
         turn]))
-    assert "Where the cost lands (`--trace`)" in fr.report(tmp_path, ["1gbit"])
+    assert "Where the cost lands (`--trace`)" in to.report(tmp_path, ["1gbit"])
 
 
 def test_no_cost_names_the_most_frequent_sync_that_keeps_98_percent(tmp_path: Path) -> None:
@@ -264,12 +266,12 @@ def test_no_cost_names_the_most_frequent_sync_that_keeps_98_percent(tmp_path: Pa
         *[run("S 5%", r, e, gap=6) for r, e in enumerate([981, 990, 995])],
         *[run("S b2b bf16", r, e, gap=1.2) for r, e in enumerate([990, 995, 999])],
     ]
-    by_wire = {r["wire"]: r for r in fr.no_cost(fr.summarize(rows, world_size=2))}
+    by_wire = {r["wire"]: r for r in to.no_cost(to.summarize(rows, world_size=2))}
     f32, bf16 = by_wire["float32"], by_wire["bf16"]
     assert f32["S_min"]["arm"] == "S 5%" and f32["S_median"]["arm"] == "S b2b"
     assert f32["FR_min"] is None and f32["FR_median"]["arm"] == "FR k=20"
     assert bf16["S_min"]["arm"] == "S b2b bf16" and bf16["FR_median"] is None
-    table = fr.no_cost_table(list(by_wire.values()))
+    table = to.no_cost_table(list(by_wire.values()))
     assert ("| float32 | S 5% (gap 6.0) | S b2b (gap 1.5) | **none** | FR k=20 (gap 20.0) |"
             in table)
     # the report says what a job's device wait was, and where there was none, nothing
@@ -277,7 +279,7 @@ def test_no_cost_names_the_most_frequent_sync_that_keeps_98_percent(tmp_path: Pa
     (tmp_path / "raw" / "h2_10gbit.json").write_text(
         json.dumps([{**r, "device_step_ms": 50.0} for r in rows]))
     (tmp_path / "raw" / "h2_1gbit.json").write_text(json.dumps(rows))
-    emulated, plain = fr.report(tmp_path, ["10gbit", "1gbit"]).split("### 2 hosts, links ")[1:]
+    emulated, plain = to.report(tmp_path, ["10gbit", "1gbit"]).split("### 2 hosts, links ")[1:]
     assert "(`--device-step-ms 50`): after every step each rank's training thread waited " \
         "50 ms" in emulated
     assert "device-step-ms" not in plain and "S b2b (gap 1.5)" in plain

@@ -38,7 +38,7 @@ from shadowsync.models import MODELS as ZOO
 from shadowsync.models.init import NotInitializable, require_initializable
 from shadowsync.models.wide_deep import WIDE_DIM
 from shadowsync.models.zoo import sparse_modules
-from shadowsync.pipelines import build, checkpoint
+from shadowsync.pipelines import build, checkpoint, saved_model
 from shadowsync.pipelines.config import load_config
 from shadowsync.pipelines.context import RunContext
 from shadowsync.pipelines.evaluate import checkpoint_config, evaluate_checkpoint
@@ -393,7 +393,7 @@ def test_load_gives_the_evaluate_clis_scores_on_one_process(
     one process without a process group; its metrics over every eval row equal those of the
     evaluate CLI's 2-rank path to 1e-6."""
     root, results = trained
-    loaded, cfg = checkpoint.load_model(f"{root}/{model}")
+    loaded, cfg = saved_model.load_model(f"{root}/{model}")
     assert cfg == _config(model, f"train.steps={STEPS}", "train.seed=3",
                           f"checkpoint.dir={root}/{model}")
     # what the evaluate CLI and component run without --config
@@ -427,16 +427,16 @@ def test_load_refuses_weights_another_config_builds(
     marker = json.loads((copy / checkpoint.MARKER).read_text())
     marker["files"][checkpoint.CONFIG] = checkpoint._digest(str(config))
     (copy / checkpoint.MARKER).write_text(json.dumps(marker))
-    with pytest.raises(checkpoint.ModelMismatch,
+    with pytest.raises(saved_model.ModelMismatch,
                        match=r"model.name=dcn.*shapes: .*crossnet\.W_kernels"):
-        checkpoint.load_model(str(copy))
+        saved_model.load_model(str(copy))
     # the torchx evaluate component checks the stored config before submitting
     with pytest.raises(ValueError) as caught:
         evaluate_component("train.bach_size=1", checkpoint=str(copy), check="config")
     assert caught.value.code == 2  # type: ignore[attr-defined]
     config.write_text(config.read_text() + "\n")  # digests now disagree: refused as corrupt
     with pytest.raises(checkpoint.CheckpointCorrupt, match="config.yaml: truncated or extended"):
-        checkpoint.load_model(str(copy))
+        saved_model.load_model(str(copy))
     config.unlink()  # an older checkpoint: nothing to build from, said so
     found = checkpoint.CheckpointInfo(str(copy), found.step)
     with pytest.raises(ValueError, match="holds no config.yaml .* pass --config"):

@@ -13,7 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from shadowsync.benchmarks import scaling_model as sm
+from shadowsync.benchmarks.scaling_model import fit as sf
+from shadowsync.benchmarks.scaling_model import model as sm
+from shadowsync.benchmarks.scaling_model import overrides as so
+from shadowsync.benchmarks.scaling_model import report as sr
+from shadowsync.benchmarks.scaling_model import testbed as tb
 
 NET = sm.Network(latency_s=1e-5, bandwidth_Bps=1e9)  # 10 us, 8 Gbit/s
 K = sm.Constants(batch_size=100, step_s=0.01, dense_bytes=1e6, a2a_bytes=4e5,
@@ -128,7 +132,7 @@ def test_constants_from_the_one_rank_points() -> None:
 
 def test_check_rows_errors_and_roles() -> None:
     cal = _calibration()
-    rows = {(r["n"], r["arm"]): r for r in sm.check_rows(cal["presets"]["p"],
+    rows = {(r["n"], r["arm"]): r for r in sr.check_rows(cal["presets"]["p"],
                                                          sm.loopback(cal))}
     assert rows[1, "none"]["error"] == pytest.approx(0.0)
     assert rows[1, "none"]["role"].startswith("fit")
@@ -179,29 +183,29 @@ def test_with_step_sets_the_step_alone_and_the_gap_follows() -> None:
 
 
 # ------------------------------------------------------------------ testbed mode (frontier jobs)
-LINKS = sm.TestbedLinks(efficiency=0.95, unlimited_Bps=6e8, probe_hosts=2, tbf_latency_s=0.1)
+LINKS = tb.TestbedLinks(efficiency=0.95, unlimited_Bps=6e8, probe_hosts=2, tbf_latency_s=0.1)
 TB_ARMS = ["none", "ddp", "FR k=1", "FR k=2", "FR k=10", "FR k=50", "S back to back", "S 20%",
            "S 5%", "S 2%"]
-TRUE = sm.TestbedConstants(rho=0.4, delta=0.15, kappa=0.6, stretch=0.5, queued=1.5)
+TRUE = tb.TestbedConstants(rho=0.4, delta=0.15, kappa=0.6, stretch=0.5, queued=1.5)
 
 
 def _job(t0: float = 0.1, hosts: int = 2, link: str = "1gbit", w: float = 1e6,
-         s: float = 1e7, steps: int = 100) -> sm.TestbedJob:
+         s: float = 1e7, steps: int = 100) -> tb.TestbedJob:
     beta = LINKS.bandwidth_Bps(link, hosts)
-    return sm.TestbedJob(hosts=hosts, link=link, steps=steps, step_s=t0, bandwidth_Bps=beta,
+    return tb.TestbedJob(hosts=hosts, link=link, steps=steps, step_s=t0, bandwidth_Bps=beta,
                          round_bytes=s, a2a_s=w / beta, cpu_Bps=LINKS.cpu_Bps(hosts),
                          link_Bps=LINKS.link_Bps(link), tbf_latency_s=LINKS.tbf_latency_s)
 
 
-def _rows(job: sm.TestbedJob, k: sm.TestbedConstants, arms: list[str] = TB_ARMS,
+def _rows(job: tb.TestbedJob, k: tb.TestbedConstants, arms: list[str] = TB_ARMS,
           batch: int = 512, none_by_repeat: tuple[float, ...] = (1.0,)) -> list[dict]:
     """bench_sync rows whose arms run exactly as the model predicts; ``none_by_repeat`` scales
     each repeat's speed (the same factor for every arm of a repeat, as a slow repeat does)."""
     rows = []
     for rep, speed in enumerate(none_by_repeat):
         for name in arms:
-            arm = sm.parse_testbed_arm(name)
-            p = sm.predict_testbed(arm, job, k)
+            arm = tb.parse_testbed_arm(name)
+            p = tb.predict_testbed(arm, job, k)
             rate = job.hosts * batch / p.step_s * speed
             row = {"arm": name, "seed": 0, "repeat": rep, "step": job.steps,
                    "examples_per_s": rate, "train_seconds": job.steps * p.step_s / speed}
@@ -217,18 +221,18 @@ def _rows(job: sm.TestbedJob, k: sm.TestbedConstants, arms: list[str] = TB_ARMS,
 
 
 def test_link_rates_bandwidth_and_queue() -> None:
-    assert sm.link_rate_Bps("1gbit") == pytest.approx(1.25e8)
-    assert sm.link_rate_Bps("200mbit") == pytest.approx(2.5e7)
-    assert sm.link_rate_Bps("unlimited") is None
+    assert tb.link_rate_Bps("1gbit") == pytest.approx(1.25e8)
+    assert tb.link_rate_Bps("200mbit") == pytest.approx(2.5e7)
+    assert tb.link_rate_Bps("unlimited") is None
     with pytest.raises(ValueError, match="link"):
-        sm.link_rate_Bps("fast")
+        tb.link_rate_Bps("fast")
     assert LINKS.bandwidth_Bps("1gbit", 2) == pytest.approx(0.95 * 1.25e8)
     assert LINKS.bandwidth_Bps("1gbit", 4) == pytest.approx(0.95 * 1.25e8)  # below the CPU cap
     assert LINKS.bandwidth_Bps("unlimited", 2) == pytest.approx(6e8)
     assert LINKS.bandwidth_Bps("unlimited", 4) == pytest.approx(3e8)  # the cores are shared
     assert LINKS.bandwidth_Bps("10gbit", 2) == pytest.approx(6e8)  # tbf above what CPUs move
     assert LINKS.cpu_Bps(4) == pytest.approx(3e8)
-    assert sm.link_rate_Bps("1gbit-bs512") == pytest.approx(1.25e8)  # a --tag variant
+    assert tb.link_rate_Bps("1gbit-bs512") == pytest.approx(1.25e8)  # a --tag variant
     # one ring chunk (S/N) ahead in the queue, capped by tbf's latency limit
     assert _job(link="1gbit").queue_s(8e6) == pytest.approx(4e6 / (0.95 * 1.25e8))
     assert _job(link="1gbit", hosts=4).queue_s(8e6) == pytest.approx(2e6 / (0.95 * 1.25e8))
@@ -239,14 +243,14 @@ def test_link_rates_bandwidth_and_queue() -> None:
 
 
 def test_parse_testbed_arm() -> None:
-    assert sm.parse_testbed_arm("FR k=20") == sm.TestbedArm("FR k=20", "fixed_rate", period=20)
-    assert sm.parse_testbed_arm("S 5%").max_slowdown == pytest.approx(0.05)
-    back = sm.parse_testbed_arm("S back to back")
+    assert tb.parse_testbed_arm("FR k=20") == tb.TestbedArm("FR k=20", "fixed_rate", period=20)
+    assert tb.parse_testbed_arm("S 5%").max_slowdown == pytest.approx(0.05)
+    back = tb.parse_testbed_arm("S back to back")
     assert back.kind == "shadow" and back.max_slowdown is None and back.family == "shadow"
-    assert sm.parse_testbed_arm("ddp").family == "ddp"
-    assert sm.parse_testbed_arm("FR k=1").family == "FR"
+    assert tb.parse_testbed_arm("ddp").family == "ddp"
+    assert tb.parse_testbed_arm("FR k=1").family == "FR"
     with pytest.raises(ValueError, match="not a frontier arm"):
-        sm.parse_testbed_arm("shadow ma")
+        tb.parse_testbed_arm("shadow ma")
 
 
 def test_measure_pairs_each_run_with_its_repeats_none() -> None:
@@ -264,7 +268,7 @@ def test_measure_pairs_each_run_with_its_repeats_none() -> None:
          "sync_comm_seconds": 3.0,
          "sync_gap_mean": 5.0, "sync_round_cost": math.nan},
     ]
-    m = sm.measure_testbed(rows, hosts=4)
+    m = tb.measure_testbed(rows, hosts=4)
     # paired: 900/1000 and 1700/2000; unpaired medians would give 1300/1500
     assert m["S 5%"].ratio == pytest.approx((0.9 + 0.85) / 2)
     assert (m["S 5%"].ratio_min, m["S 5%"].ratio_max) == pytest.approx((0.85, 0.9))
@@ -277,11 +281,11 @@ def test_measure_pairs_each_run_with_its_repeats_none() -> None:
     assert (m["none"].batch_size, m["S 5%"].batch_size) == (128, 128)  # 4 hosts, 100 steps
     assert math.isnan(m["none"].gap) and math.isnan(m["none"].round_bytes)
     with pytest.raises(ValueError, match="none"):
-        sm.measure_testbed(rows[2:], hosts=4)
+        tb.measure_testbed(rows[2:], hosts=4)
     # bracketed turns (frontier --bracket): each against the none turns beside it
     moved = [{**r, "baseline_examples_per_s": 1800.0} if r["arm"] == "S 5%" else r
              for r in rows]
-    assert sm.measure_testbed(moved, hosts=4)["S 5%"].ratio == pytest.approx(
+    assert tb.measure_testbed(moved, hosts=4)["S 5%"].ratio == pytest.approx(
         (900 + 1700) / 2 / 1800)
 
 
@@ -298,7 +302,7 @@ def test_turns_jobs_count_a_turns_steps_bytes_and_gaps() -> None:
          "train_seconds": 25.6 / 0.95, "sync_syncs_applied": 20, "sync_bytes_reduced": 2.1e8,
          "sync_gap_mean": 5.0},
     ]
-    m = sm.measure_testbed(rows, hosts=2)
+    m = tb.measure_testbed(rows, hosts=2)
     assert m["none"].interleaved and m["none"].steps == 100
     assert (m["none"].batch_size, m["S 5%"].batch_size) == (128, 128)
     assert m["none"].wire_bytes_per_step == pytest.approx(8e8 / (2 * 100))
@@ -307,10 +311,10 @@ def test_turns_jobs_count_a_turns_steps_bytes_and_gaps() -> None:
     assert math.isnan(m["FR k=10"].comm_per_round_s)  # turns do not time allreduces
     assert m["S 5%"].ratio == pytest.approx(0.95)
     runs, turns = _job(), dataclasses.replace(_job(), interleaved=True)
-    fr = [sm.predict_testbed(sm.parse_testbed_arm("FR k=10"), j, TRUE) for j in (runs, turns)]
+    fr = [tb.predict_testbed(tb.parse_testbed_arm("FR k=10"), j, TRUE) for j in (runs, turns)]
     assert (fr[0].gap, fr[1].gap) == pytest.approx((9.1, 10.0))  # no first round at step 1
     assert fr[0].ratio == fr[1].ratio  # 100 steps hold 10 rounds either way
-    s5 = [sm.predict_testbed(sm.parse_testbed_arm("S 5%"), j, TRUE) for j in (runs, turns)]
+    s5 = [tb.predict_testbed(tb.parse_testbed_arm("S 5%"), j, TRUE) for j in (runs, turns)]
     assert s5[1].gap == s5[1].steady_gap > s5[0].gap  # no first round, no stop round
     assert s5[0].ratio == s5[1].ratio
 
@@ -321,47 +325,47 @@ def test_a_device_wait_is_neither_compute_nor_all_to_all() -> None:
     rows = [{"arm": a, "seed": 0, "repeat": 0, "interleave": 100, "examples_per_s": e,
              "train_seconds": 25.6 * 1000 / e, "wire_bytes": 8e8, "device_step_ms": 60.0}
             for a, e in (("none", 1000.0), ("FR k=10", 900.0))]
-    m = sm.measure_testbed(rows, hosts=2)
+    m = tb.measure_testbed(rows, hosts=2)
     assert m["none"].device_s == pytest.approx(0.06)
-    assert sm.measure_testbed([{k: v for k, v in r.items() if k != "device_step_ms"}
+    assert tb.measure_testbed([{k: v for k, v in r.items() if k != "device_step_ms"}
                                for r in rows], hosts=2)["none"].device_s == 0.0
     plain = _job()
     waiting = dataclasses.replace(plain, device_s=0.05)
     assert waiting.compute_s == pytest.approx(plain.compute_s - 0.05)
-    fr = sm.parse_testbed_arm("FR k=10")
-    k = sm.TestbedConstants(rho=0.5, delta=0.0, kappa=0.0)
+    fr = tb.parse_testbed_arm("FR k=10")
+    k = tb.TestbedConstants(rho=0.5, delta=0.0, kappa=0.0)
     # the FR round's CPU work r = rho Tc shrinks by rho D; its allreduce does not
-    less = (sm.predict_testbed(fr, plain, k).step_s - sm.predict_testbed(fr, waiting, k).step_s)
+    less = (tb.predict_testbed(fr, plain, k).step_s - tb.predict_testbed(fr, waiting, k).step_s)
     assert less == pytest.approx(10 / 100 * 0.5 * 0.05)
 
 
 def test_fixed_rate_rounds_and_gap_follow_the_runner_schedule() -> None:
-    assert [sm.fr_rounds(100, k) for k in (1, 2, 3, 10, 50, 200)] == [100, 50, 34, 10, 2, 1]
-    k = sm.TestbedConstants(rho=0.0, delta=0.0, kappa=0.0)
-    gaps = {p: sm.predict_testbed(sm.parse_testbed_arm(f"FR k={p}"), _job(), k).gap
+    assert [tb.fr_rounds(100, k) for k in (1, 2, 3, 10, 50, 200)] == [100, 50, 34, 10, 2, 1]
+    k = tb.TestbedConstants(rho=0.0, delta=0.0, kappa=0.0)
+    gaps = {p: tb.predict_testbed(tb.parse_testbed_arm(f"FR k={p}"), _job(), k).gap
             for p in (1, 2, 10)}
     assert gaps == pytest.approx({1: 1.0, 2: 1.98, 10: 9.1})  # the first round after step 1
 
 
 def test_shadow_rounds_over_a_finite_run() -> None:
-    assert sm.shadow_rounds(100, 1.0, 1.0) == 100  # starts at steps 1..99, then stop's round
-    assert sm.shadow_rounds(100, 5.0, 40.0) == 5  # starts at 1, 6, 46, 86; stop's round
-    assert sm.shadow_rounds(100, 200.0, 200.0) == 2  # one round in training, stop's round
-    assert sm.shadow_rounds(100, 2.5, 2.5) == 41  # starts at 1, 3.5, ..., 98.5; stop's round
+    assert tb.shadow_rounds(100, 1.0, 1.0) == 100  # starts at steps 1..99, then stop's round
+    assert tb.shadow_rounds(100, 5.0, 40.0) == 5  # starts at 1, 6, 46, 86; stop's round
+    assert tb.shadow_rounds(100, 200.0, 200.0) == 2  # one round in training, stop's round
+    assert tb.shadow_rounds(100, 2.5, 2.5) == 41  # starts at 1, 3.5, ..., 98.5; stop's round
 
 
 def test_predict_testbed_on_hand_numbers() -> None:
     # T0 = 0.1 s, beta = 1e8 B/s, S = 1e7 B, w = 1e6 B, cores move 1e9 B/s:
     # A = 0.1 s, Ac = 0.01 s, X = 0.01 s, Tc = 0.09 s
-    job = sm.TestbedJob(hosts=2, link="x", steps=100, step_s=0.1, bandwidth_Bps=1e8,
+    job = tb.TestbedJob(hosts=2, link="x", steps=100, step_s=0.1, bandwidth_Bps=1e8,
                         round_bytes=1e7, a2a_s=0.01, cpu_Bps=1e9, link_Bps=1e8,
                         tbf_latency_s=0.1)
     assert job.allreduce_s == pytest.approx(0.1) and job.compute_s == pytest.approx(0.09)
     assert job.transfer_cpu_of(1e7) == pytest.approx(0.01)
-    k = sm.TestbedConstants(rho=0.5, delta=0.1, kappa=0.5, stretch=1 / 9)  # r = 0.045 s
+    k = tb.TestbedConstants(rho=0.5, delta=0.1, kappa=0.5, stretch=1 / 9)  # r = 0.045 s
 
-    def arm(name: str) -> sm.TestbedPrediction:
-        return sm.predict_testbed(sm.parse_testbed_arm(name), job, k)
+    def arm(name: str) -> tb.TestbedPrediction:
+        return tb.predict_testbed(tb.parse_testbed_arm(name), job, k)
 
     assert arm("none").ratio == 1.0
     assert arm("ddp").step_s == pytest.approx(0.1 + 0.009 + 0.1)
@@ -392,16 +396,16 @@ def test_predict_testbed_on_hand_numbers() -> None:
 def test_shadow_queue_term_on_hand_numbers() -> None:
     """A round short against the step (g = 1) on a queueing link: T = T0 + kappa (r + Ac) +
     q Q Ab / T."""
-    job = sm.TestbedJob(hosts=2, link="x", steps=100, step_s=0.1, bandwidth_Bps=1e8,
+    job = tb.TestbedJob(hosts=2, link="x", steps=100, step_s=0.1, bandwidth_Bps=1e8,
                         round_bytes=1e6, a2a_s=0.0, cpu_Bps=1e9, link_Bps=1e7,
                         tbf_latency_s=0.1)
     assert job.queue_s(1e6) == pytest.approx(0.05)
-    k = sm.TestbedConstants(rho=0.1, delta=0.0, kappa=1.0, queued=2.0)  # r = 0.01 s
-    back = sm.predict_testbed(sm.parse_testbed_arm("S back to back"), job, k)
+    k = tb.TestbedConstants(rho=0.1, delta=0.0, kappa=1.0, queued=2.0)  # r = 0.01 s
+    back = tb.predict_testbed(tb.parse_testbed_arm("S back to back"), job, k)
     # Ab = A = 0.01, Ac = 0.001: T^2 - 0.111 T - 2 * 0.05 * 0.01 = 0
     assert back.step_s == pytest.approx((0.111 + math.sqrt(0.111**2 + 0.004)) / 2, rel=1e-9)
     assert back.steady_gap == 1.0
-    no_queue = sm.predict_testbed(sm.parse_testbed_arm("S back to back"),
+    no_queue = tb.predict_testbed(tb.parse_testbed_arm("S back to back"),
                                   dataclasses.replace(job, link_Bps=None), k)
     assert no_queue.step_s == pytest.approx(0.111)
 
@@ -412,16 +416,16 @@ def test_back_to_back_solves_its_equation_everywhere() -> None:
             for queue in (0.0, 0.05):
                 for duration in (0.001, 0.05, 0.1, 0.5, 3.0):
                     cpu, background = cpu_share * duration, duration / 2
-                    step, gap = sm._back_to_back(t0, cpu, queue, background, duration)
+                    step, gap = tb._back_to_back(t0, cpu, queue, background, duration)
                     assert gap >= 1
-                    assert gap == pytest.approx(sm.shadow_gap(duration, step), rel=1e-9)
+                    assert gap == pytest.approx(tb.shadow_gap(duration, step), rel=1e-9)
                     share = min(1.0, background / (gap * step))
                     assert step == pytest.approx(t0 + cpu / gap + queue * share, rel=1e-9)
 
 
-def _fr_point(comm_s: float, size: float = 8e6) -> sm.TestbedMeasured:
+def _fr_point(comm_s: float, size: float = 8e6) -> tb.TestbedMeasured:
     nan = math.nan
-    return sm.TestbedMeasured(runs=1, batch_size=128, examples_per_s=1.0, ratio=1.0,
+    return tb.TestbedMeasured(runs=1, batch_size=128, examples_per_s=1.0, ratio=1.0,
                               ratio_min=1.0, ratio_max=1.0, gap=1.0, steps=100,
                               round_bytes=size, comm_per_round_s=comm_s,
                               wire_bytes_per_step=nan, busy_share=nan, round_cost=nan)
@@ -433,12 +437,12 @@ def test_links_calibrated_on_fixed_rate_allreduce_times() -> None:
         (4, "unlimited"): {"FR k=2": _fr_point(0.048)},  # 1.5 * 8e6 B in 0.048 s per host
         (2, "10gbit"): {"FR k=1": _fr_point(0.02), "none": _fr_point(math.nan)},
     }
-    cal = sm.calibrate_links(measured, LINKS)
+    cal = tb.calibrate_links(measured, LINKS)
     assert cal.efficiency == pytest.approx(8e6 / 0.08 / 1.25e8)  # 0.8; shadow arms not used
     # per host at 2 hosts: 2.5e8 * 4/2 from the 4-host job, 4e8 from 10gbit (the cores limit)
     assert cal.unlimited_Bps == pytest.approx((5e8 + 4e8) / 2)
     assert (cal.probe_hosts, cal.tbf_latency_s) == (LINKS.probe_hosts, LINKS.tbf_latency_s)
-    only_tbf = sm.calibrate_links({(2, "1gbit"): measured[2, "1gbit"]}, LINKS)
+    only_tbf = tb.calibrate_links({(2, "1gbit"): measured[2, "1gbit"]}, LINKS)
     assert only_tbf.unlimited_Bps == LINKS.unlimited_Bps  # nothing to fit it on: the probe's
 
 
@@ -449,20 +453,20 @@ def test_fit_recovers_the_constants_and_predicts_other_host_counts() -> None:
     for hosts, t0 in ((2, 0.08), (4, 0.16)):  # 4 hosts on the same cores: twice the step
         for link in ("unlimited", "1gbit", "200mbit"):
             beta = links.bandwidth_Bps(link, hosts)
-            job = sm.TestbedJob(hosts=hosts, link=link, steps=100, step_s=t0,
+            job = tb.TestbedJob(hosts=hosts, link=link, steps=100, step_s=t0,
                                 bandwidth_Bps=beta, round_bytes=8e6, a2a_s=7e5 / beta,
                                 cpu_Bps=links.cpu_Bps(hosts), link_Bps=links.link_Bps(link),
                                 tbf_latency_s=links.tbf_latency_s)
             jobs[hosts, link] = _rows(job, TRUE, batch=128, none_by_repeat=(1.0, 0.9, 1.1))
-    cal, k, rows = sm.testbed_rows(jobs, fit_hosts=2, links=LINKS)
+    cal, k, rows = sf.testbed_rows(jobs, fit_hosts=2, links=LINKS)
     assert (cal.efficiency, cal.unlimited_Bps) == pytest.approx((0.8, 3.5e8))
     assert (k.rho, k.delta, k.stretch) == pytest.approx((0.4, 0.15, 0.5), abs=1e-6)
     assert (k.kappa, k.queued) == pytest.approx((0.6, 1.5), abs=0.01)
-    assert {r["role"] for r in rows if r["hosts"] == 4} == {sm.OTHER_HOSTS}
-    assert {r["role"] for r in rows if r["hosts"] == 2} == {sm.IN_SAMPLE, sm.LINK_HELD_OUT}
+    assert {r["role"] for r in rows if r["hosts"] == 4} == {sf.OTHER_HOSTS}
+    assert {r["role"] for r in rows if r["hosts"] == 2} == {sf.IN_SAMPLE, sf.LINK_HELD_OUT}
     assert len(rows) == 3 * 9 + 3 * 9 * 2  # 9 arms but none; 2-host jobs in two roles
     for r in rows:
-        if (r["link"], r["role"]) == ("unlimited", sm.LINK_HELD_OUT):
+        if (r["link"], r["role"]) == ("unlimited", sf.LINK_HELD_OUT):
             continue  # the only CPU-limited link: held out, B_cpu falls back to the probe's
         assert r["ratio_error"] == pytest.approx(0.0, abs=2e-3), r
         if r["family"] != "ddp":
@@ -470,10 +474,10 @@ def test_fit_recovers_the_constants_and_predicts_other_host_counts() -> None:
         if r["family"] == "shadow":
             assert r["allreduce_predicted_s"] == pytest.approx(r["allreduce_measured_s"],
                                                                rel=1e-6)
-    summary = sm.testbed_summary(rows)
+    summary = sf.testbed_summary(rows)
     assert [(s["role"], s["family"]) for s in summary] == [
-        (role, f) for role in sm.TESTBED_ROLES for f in sm.TESTBED_FAMILIES]
-    assert all(s["ratio_max"] < 2e-3 for s in summary if s["role"] != sm.LINK_HELD_OUT)
+        (role, f) for role in sf.TESTBED_ROLES for f in tb.TESTBED_FAMILIES]
+    assert all(s["ratio_max"] < 2e-3 for s in summary if s["role"] != sf.LINK_HELD_OUT)
 
 
 @pytest.mark.slow
@@ -484,24 +488,24 @@ def test_a_held_out_link_is_predicted_without_its_own_data() -> None:
     dear = dataclasses.replace(TRUE, rho=0.8)
     jobs = {(2, "1gbit"): _rows(_job(link="1gbit"), cheap),
             (2, "200mbit"): _rows(_job(link="200mbit"), dear)}
-    _, _, rows = sm.testbed_rows(jobs, fit_hosts=2, links=LINKS)
+    _, _, rows = sf.testbed_rows(jobs, fit_hosts=2, links=LINKS)
 
     def fr_errors(link: str, role: str) -> list[float]:
         return [r["ratio_error"] for r in rows
                 if (r["link"], r["role"], r["family"]) == (link, role, "FR")]
 
-    held, fitted = fr_errors("1gbit", sm.LINK_HELD_OUT), fr_errors("1gbit", sm.IN_SAMPLE)
+    held, fitted = fr_errors("1gbit", sf.LINK_HELD_OUT), fr_errors("1gbit", sf.IN_SAMPLE)
     assert all(h < f < 0 for h, f in zip(held, fitted, strict=True))  # predicted too slow
-    held, fitted = fr_errors("200mbit", sm.LINK_HELD_OUT), fr_errors("200mbit", sm.IN_SAMPLE)
+    held, fitted = fr_errors("200mbit", sf.LINK_HELD_OUT), fr_errors("200mbit", sf.IN_SAMPLE)
     assert all(h > f > 0 for h, f in zip(held, fitted, strict=True))  # predicted too fast
 
 
 def test_testbed_summary_reports_absolute_errors() -> None:
     def row(family: str, ratio_error: float, gap_error: float, inside: bool = False) -> dict:
-        return {"role": sm.OTHER_HOSTS, "family": family, "ratio_error": ratio_error,
+        return {"role": sf.OTHER_HOSTS, "family": family, "ratio_error": ratio_error,
                 "gap_error": gap_error, "at_gap_error": math.nan, "in_spread": inside}
 
-    summary = sm.testbed_summary([row("FR", -0.3, 0.0), row("FR", 0.1, 0.0, inside=True),
+    summary = sf.testbed_summary([row("FR", -0.3, 0.0), row("FR", 0.1, 0.0, inside=True),
                                   row("FR", 0.2, math.nan), row("ddp", 0.05, math.nan)])
     fr = next(s for s in summary if s["family"] == "FR")
     assert (fr["points"], fr["in_spread"]) == (3, 1)
@@ -517,7 +521,7 @@ def test_a_slower_cluster_is_seen_as_error() -> None:
     slow = dataclasses.replace(TRUE, rho=0.8)
     jobs = {(2, "1gbit"): _rows(_job(hosts=2), TRUE),
             (4, "1gbit"): _rows(_job(hosts=4, t0=0.2), slow)}
-    _, _, rows = sm.testbed_rows(jobs, fit_hosts=2, links=LINKS)
+    _, _, rows = sf.testbed_rows(jobs, fit_hosts=2, links=LINKS)
     fr4 = [r for r in rows if r["hosts"] == 4 and r["family"] == "FR"]
     assert all(r["ratio_error"] > 0.001 for r in fr4)  # the model predicts them too fast
 
@@ -529,61 +533,61 @@ def test_testbed_report_from_raw_files(tmp_path: Path) -> None:
     for hosts, rows in saved.items():
         (tmp_path / "raw" / f"h{hosts}_200mbit.json").write_text(json.dumps(rows))
     (tmp_path / "raw" / "h2_200mbit.log").write_text("not a job")
-    jobs = sm.load_testbed(tmp_path)
+    jobs = sf.load_testbed(tmp_path)
     assert sorted(jobs) == [(2, "200mbit"), (4, "200mbit")]
     assert jobs[4, "200mbit"] == saved[4]
-    text = sm.testbed_report(jobs, tmp_path, 2, LINKS, "cmd")
+    text = sr.testbed_report(jobs, tmp_path, 2, LINKS, "cmd")
     assert "the batch per rank (512)" in text
     assert "## 2 hosts, 200mbit: in sample" in text  # one 2-host link: nothing to hold out
     assert "## 4 hosts, 200mbit: other host count" in text
     assert "| other host count | shadow | runs | 4 |" in text
     assert "No job with another host count" not in text
     with pytest.raises(ValueError, match="no 3-host job"):
-        sm.testbed_rows(jobs, fit_hosts=3, links=LINKS)
+        sf.testbed_rows(jobs, fit_hosts=3, links=LINKS)
 
 
 def test_arms_from_recorded_overrides_and_names() -> None:
-    link = sm.parse_testbed_arm("S link 50%")
+    link = tb.parse_testbed_arm("S link 50%")
     assert (link.kind, link.max_slowdown, link.max_comm_share) == ("shadow", None, 0.5)
-    assert sm.parse_testbed_arm("FR k=5 bf16").wire_factor == 0.5
-    assert sm.parse_testbed_arm("S 5%", chunk_bytes=65536).chunk_bytes == 65536
-    assert sm.parse_testbed_arm("FR k=5", chunk_bytes=65536).chunk_bytes is None  # shadow only
-    recorded = sm.parse_testbed_arm(
+    assert tb.parse_testbed_arm("FR k=5 bf16").wire_factor == 0.5
+    assert tb.parse_testbed_arm("S 5%", chunk_bytes=65536).chunk_bytes == 65536
+    assert tb.parse_testbed_arm("FR k=5", chunk_bytes=65536).chunk_bytes is None  # shadow only
+    recorded = tb.parse_testbed_arm(
         "S 20%", "sync.strategy.name=ma sync.schedule.mode=shadow sync.schedule.max_slowdown=0.2 "
         "sync.transport.chunk_mb=0.25 sync.transport.wire_dtype=bfloat16", chunk_bytes=65536)
     assert (recorded.max_slowdown, recorded.chunk_bytes, recorded.wire_factor) == (
         0.2, 0.25 * 2**20, 0.5)  # the recorded chunk, not the fallback
-    unchunked = sm.parse_testbed_arm("S back to back", "sync.schedule.mode=shadow "
+    unchunked = tb.parse_testbed_arm("S back to back", "sync.schedule.mode=shadow "
                                      "sync.schedule.max_slowdown=null", chunk_bytes=65536)
     assert unchunked.max_slowdown is None and unchunked.chunk_bytes is None
     # jobs recorded before the sync section was split name its flat keys: read the same
-    assert sm.parse_testbed_arm(
+    assert tb.parse_testbed_arm(
         "S 20%", "sync.algorithm=ma sync.mode=shadow sync.max_slowdown=0.2 sync.chunk_mb=0.25 "
         "sync.wire_dtype=bfloat16", chunk_bytes=65536) == recorded
-    assert sm.parse_testbed_arm("S back to back", "sync.mode=shadow sync.max_slowdown=null",
+    assert tb.parse_testbed_arm("S back to back", "sync.mode=shadow sync.max_slowdown=null",
                                 chunk_bytes=65536) == unchunked
-    assert sm.chunks(recorded, 8e6) == math.ceil(8e6 / 2**18)
-    assert sm.chunks(unchunked, 8e6) == 1
+    assert tb.chunks(recorded, 8e6) == math.ceil(8e6 / 2**18)
+    assert tb.chunks(unchunked, 8e6) == 1
 
 
 def test_chunks_share_and_wire_dtype_in_the_prediction() -> None:
     job = _job(link="200mbit", t0=0.1, w=0.0, s=8e6)
     k = dataclasses.replace(TRUE, per_chunk=0.01)
-    whole = sm.predict_testbed(sm.parse_testbed_arm("S back to back"), job, k)
-    chunked = sm.predict_testbed(sm.parse_testbed_arm("S back to back", chunk_bytes=2**20), job, k)
+    whole = tb.predict_testbed(tb.parse_testbed_arm("S back to back"), job, k)
+    chunked = tb.predict_testbed(tb.parse_testbed_arm("S back to back", chunk_bytes=2**20), job, k)
     # 8 collectives of 1 MiB: phi * 8 Tc more in the background, one MiB queued at most
     assert chunked.allreduce_s - whole.allreduce_s == pytest.approx(0.01 * 7 * 0.1)
     assert job.queue_s(2**20) < job.queue_s(8e6)
     # training pays kappa of the collectives' CPU work (no queue here to tell them apart)
-    arm, quiet = sm.parse_testbed_arm("S back to back", chunk_bytes=2**20), dataclasses.replace(
+    arm, quiet = tb.parse_testbed_arm("S back to back", chunk_bytes=2**20), dataclasses.replace(
         job, link_Bps=None)
-    with_phi = sm.predict_testbed(arm, quiet, k).round_cost_s
-    without = sm.predict_testbed(arm, quiet, dataclasses.replace(k, per_chunk=0.0)).round_cost_s
+    with_phi = tb.predict_testbed(arm, quiet, k).round_cost_s
+    without = tb.predict_testbed(arm, quiet, dataclasses.replace(k, per_chunk=0.0)).round_cost_s
     assert with_phi - without == pytest.approx(k.kappa * 0.01 * 8 * 0.1)
-    half = sm.predict_testbed(sm.parse_testbed_arm("S link 50%"), job, k)
+    half = tb.predict_testbed(tb.parse_testbed_arm("S link 50%"), job, k)
     assert half.allreduce_s == whole.allreduce_s  # the pauses are not transfer time
     assert half.steady_gap > whole.steady_gap  # but the round lasts longer
-    fr, fr16 = (sm.predict_testbed(sm.parse_testbed_arm(n), job, k) for n in ("FR k=1",
+    fr, fr16 = (tb.predict_testbed(tb.parse_testbed_arm(n), job, k) for n in ("FR k=1",
                                                                                "FR k=1 bf16"))
     assert fr16.allreduce_s == pytest.approx(fr.allreduce_s / 2)
 
@@ -597,7 +601,7 @@ def test_arm_overrides_read_from_the_jobs_cmd_files(tmp_path: Path) -> None:
         "  arm S 5%: sync.strategy.name=ma sync.schedule.mode=shadow "
         "sync.schedule.max_slowdown=0.05 sync.transport.chunk_mb=0.298\n")
     (raw / "h2_200mbit.cmd").write_text("python benchmarks/frontier.py --hosts 2\n")  # older
-    assert sm.load_arm_overrides(tmp_path) == {(2, "1gbit"): {
+    assert sf.load_arm_overrides(tmp_path) == {(2, "1gbit"): {
         "none": "sync.strategy.name=none",
         "S 5%": "sync.strategy.name=ma sync.schedule.mode=shadow "
                 "sync.schedule.max_slowdown=0.05 sync.transport.chunk_mb=0.298"}}
@@ -606,7 +610,7 @@ def test_arm_overrides_read_from_the_jobs_cmd_files(tmp_path: Path) -> None:
 def test_report_leaves_out_arms_it_does_not_know(tmp_path: Path) -> None:
     rows = _rows(_job(), TRUE)
     rows += [dict(r, arm="S mystery") for r in rows if r["arm"] == "S 5%"]
-    text = sm.testbed_report({(2, "1gbit"): rows}, tmp_path, 2, LINKS, "cmd",
+    text = sr.testbed_report({(2, "1gbit"): rows}, tmp_path, 2, LINKS, "cmd",
                              chunk_bytes={(2, "1gbit"): 2**16})
     assert "Not modelled, left out: S mystery." in text
     assert "**No job with another host count yet**" in text
@@ -625,7 +629,7 @@ def test_testbed_command_line_chunk_fallbacks(tmp_path: Path,
     def run(*chunks: str) -> int:
         args = argparse.Namespace(testbed=tmp_path, fit_hosts=2, link_efficiency=0.95,
                                   unlimited_MBps=600.0, chunk_mb=list(chunks), out=tmp_path)
-        return sm.testbed_main(args)
+        return sr.testbed_main(args)
 
     assert run("h2_1gbit=0.0625", "0.5") == 0
     text = (tmp_path / "testbed_fit.md").read_text()
@@ -635,45 +639,45 @@ def test_testbed_command_line_chunk_fallbacks(tmp_path: Path,
 
 
 def test_arms_with_staleness_nice_and_traffic_class() -> None:
-    arm = sm.parse_testbed_arm("S b2b n10 s4")
+    arm = tb.parse_testbed_arm("S b2b n10 s4")
     assert (arm.kind, arm.max_slowdown, arm.thread_nice, arm.max_staleness, arm.low_class) == (
         "shadow", None, 10, 4, False)
-    assert sm.parse_testbed_arm("S 5% n19").thread_nice == 19
-    assert sm.parse_testbed_arm("S b2b") == dataclasses.replace(
-        sm.parse_testbed_arm("S back to back"), name="S b2b")
-    recorded = sm.parse_testbed_arm(
+    assert tb.parse_testbed_arm("S 5% n19").thread_nice == 19
+    assert tb.parse_testbed_arm("S b2b") == dataclasses.replace(
+        tb.parse_testbed_arm("S back to back"), name="S b2b")
+    recorded = tb.parse_testbed_arm(
         "S b2b s1", "sync.schedule.mode=shadow sync.schedule.max_slowdown=null "
         "sync.schedule.max_staleness=null sync.transport.thread_nice=5 "
         "sync.transport.socket_ifname=veth0:sync")
     assert (recorded.max_staleness, recorded.thread_nice, recorded.low_class) == (None, 5, True)
-    assert sm.parse_testbed_arm("FR k=2", "sync.schedule.period=2 "
+    assert tb.parse_testbed_arm("FR k=2", "sync.schedule.period=2 "
                                 "sync.transport.socket_ifname=veth0:sync").low_class
-    assert not sm.parse_testbed_arm("FR k=2", "sync.schedule.period=2").low_class
+    assert not tb.parse_testbed_arm("FR k=2", "sync.schedule.period=2").low_class
     # the flat keys of earlier records (sync.max_staleness, sync.thread_nice, ...) read the same
-    assert sm.parse_testbed_arm(
+    assert tb.parse_testbed_arm(
         "S b2b s1", "sync.mode=shadow sync.max_slowdown=null sync.max_staleness=null "
         "sync.thread_nice=5 sync.socket_ifname=veth0:sync") == recorded
-    old_fr = sm.parse_testbed_arm("FR k=2", "sync.period=3 sync.socket_ifname=veth0:sync")
+    old_fr = tb.parse_testbed_arm("FR k=2", "sync.period=3 sync.socket_ifname=veth0:sync")
     assert (old_fr.period, old_fr.low_class) == (3, True)
-    assert sm.current_override_key("sync.thread_nice") == "sync.transport.thread_nice"
-    assert sm.current_override_key("sync.algorithm") == "sync.strategy.name"
+    assert so.current_override_key("sync.thread_nice") == "sync.transport.thread_nice"
+    assert so.current_override_key("sync.algorithm") == "sync.strategy.name"
     for key in ("sync.schedule.max_staleness", "train.steps", "sync.strategy.options.x"):
-        assert sm.current_override_key(key) == key
+        assert so.current_override_key(key) == key
     with pytest.raises(ValueError, match="not a frontier arm"):
-        sm.parse_testbed_arm("S b2b x3")
+        tb.parse_testbed_arm("S b2b x3")
 
 
 def test_staleness_class_and_nice_on_hand_numbers() -> None:
     """The job of test_shadow_queue_term_on_hand_numbers; then the bound K: a round lasting
     longer than K steps makes the K-th step wait for it."""
-    job = sm.TestbedJob(hosts=2, link="x", steps=100, step_s=0.1, bandwidth_Bps=1e8,
+    job = tb.TestbedJob(hosts=2, link="x", steps=100, step_s=0.1, bandwidth_Bps=1e8,
                         round_bytes=1e6, a2a_s=0.0, cpu_Bps=1e9, link_Bps=1e7,
                         tbf_latency_s=0.1)
-    k = sm.TestbedConstants(rho=0.1, delta=0.0, kappa=1.0, queued=2.0)
+    k = tb.TestbedConstants(rho=0.1, delta=0.0, kappa=1.0, queued=2.0)
 
     def predict(name: str, overrides: str | None = None,
-                constants: sm.TestbedConstants = k) -> sm.TestbedPrediction:
-        return sm.predict_testbed(sm.parse_testbed_arm(name, overrides), job, constants)
+                constants: tb.TestbedConstants = k) -> tb.TestbedPrediction:
+        return tb.predict_testbed(tb.parse_testbed_arm(name, overrides), job, constants)
 
     low = predict("S b2b", "sync.schedule.max_slowdown=null "
                   "sync.transport.socket_ifname=veth0:sync")
@@ -681,20 +685,20 @@ def test_staleness_class_and_nice_on_hand_numbers() -> None:
     assert predict("S b2b").step_s > 0.111
     # a long round: S = 1e8 B, A = 1 s, Ac = 0.1 s, r = 0.01 s, R = 1.01 s, Tc = T0 = 0.1 s
     big = dataclasses.replace(job, round_bytes=1e8, link_Bps=None)
-    free = sm.predict_testbed(sm.parse_testbed_arm("S b2b"), big, k)
+    free = tb.predict_testbed(tb.parse_testbed_arm("S b2b"), big, k)
     assert free.steady_gap > 4  # unbounded: rounds span many steps
     for bound in (1, 2, 4):
-        p = sm.predict_testbed(sm.parse_testbed_arm(f"S b2b s{bound}"), big, k)
+        p = tb.predict_testbed(tb.parse_testbed_arm(f"S b2b s{bound}"), big, k)
         assert p.steady_gap == bound
         assert p.step_s == pytest.approx(1.01 / bound)  # the wait, not the CPU cost, binds
-    loose = sm.predict_testbed(sm.parse_testbed_arm("S b2b s50"), big, k)
+    loose = tb.predict_testbed(tb.parse_testbed_arm("S b2b s50"), big, k)
     assert (loose.step_s, loose.steady_gap) == (free.step_s, free.steady_gap)  # never binds
     # a niced thread: kappa_n, lam_n and mu_n instead of kappa and lam
     niced_k = dataclasses.replace(k, kappa=0.0, stretch=0.0, kappa_niced=0.5,
                                   stretch_niced=1.0, wait_niced=2.0)
-    plain = sm.predict_testbed(sm.parse_testbed_arm("S b2b"), big, niced_k)
+    plain = tb.predict_testbed(tb.parse_testbed_arm("S b2b"), big, niced_k)
     assert plain.step_s == pytest.approx(0.1)  # kappa = 0: free
-    niced = sm.predict_testbed(sm.parse_testbed_arm("S b2b n10"), big, niced_k)
+    niced = tb.predict_testbed(tb.parse_testbed_arm("S b2b n10"), big, niced_k)
     assert niced.allreduce_s == pytest.approx(1.0 + 1.0 * 0.1)  # A + lam_n Tc
     duration = 0.01 + 1.1 + 2.0 * 0.1  # r + Ab + mu_n Tc
     assert niced.steady_gap == pytest.approx(duration / niced.step_s + 0.5)
@@ -707,13 +711,13 @@ def test_fit_recovers_the_niced_thread_constants() -> None:
     arms = [*TB_ARMS, "S b2b n10", "S b2b n19", "S 5% n10"]
     jobs = {(2, link): _rows(_job(link=link, t0=0.08, s=8e6, w=7e5), true, arms, batch=128)
             for link in ("unlimited", "1gbit", "200mbit")}
-    _, k, rows = sm.testbed_rows(jobs, fit_hosts=2, links=LINKS)
+    _, k, rows = sf.testbed_rows(jobs, fit_hosts=2, links=LINKS)
     assert (k.kappa, k.queued, k.stretch) == pytest.approx((0.6, 1.5, 0.5), abs=0.01)
     assert k.stretch_niced == pytest.approx(0.8, rel=1e-6)  # from allreduce times: exact
     # mu_n from gaps as measured (rounds over a finite run), kappa_n from ratios and gaps
     assert k.wait_niced == pytest.approx(1.5, rel=0.15)
     assert k.kappa_niced == pytest.approx(0.25, abs=0.05)
-    niced = [r for r in rows if r["role"] == sm.IN_SAMPLE and " n1" in r["arm"]]
+    niced = [r for r in rows if r["role"] == sf.IN_SAMPLE and " n1" in r["arm"]]
     assert len(niced) == 9 and all(abs(r["ratio_error"]) < 0.02 for r in niced)
 
 
@@ -721,9 +725,9 @@ def test_fit_recovers_the_niced_thread_constants() -> None:
 def test_link_held_out_leaves_out_every_job_of_that_link() -> None:
     jobs = {(2, "1gbit"): _rows(_job(link="1gbit"), TRUE),
             (2, "1gbit-qos"): _rows(_job(link="1gbit"), TRUE)}
-    _, _, rows = sm.testbed_rows(jobs, fit_hosts=2, links=LINKS)
-    assert {r["role"] for r in rows} == {sm.IN_SAMPLE}  # one link: nothing to hold out
+    _, _, rows = sf.testbed_rows(jobs, fit_hosts=2, links=LINKS)
+    assert {r["role"] for r in rows} == {sf.IN_SAMPLE}  # one link: nothing to hold out
     jobs[2, "200mbit"] = _rows(_job(link="200mbit"), TRUE)
-    _, _, rows = sm.testbed_rows(jobs, fit_hosts=2, links=LINKS)
-    assert {r["link"] for r in rows if r["role"] == sm.LINK_HELD_OUT} == {
+    _, _, rows = sf.testbed_rows(jobs, fit_hosts=2, links=LINKS)
+    assert {r["link"] for r in rows if r["role"] == sf.LINK_HELD_OUT} == {
         "1gbit", "1gbit-qos", "200mbit"}

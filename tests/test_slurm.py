@@ -29,7 +29,7 @@ from torchx.runner import Runner, get_runner
 from torchx.schedulers.api import Stream
 from torchx.specs import AppState, AppStatus
 
-from shadowsync.benchmarks import slurm_lab
+from shadowsync.benchmarks import slurm_lab, slurm_setup
 from shadowsync.testing import wait_for_app
 from shadowsync.torchx_components.train import train
 from tests._dist import SMALL
@@ -48,12 +48,12 @@ EVERY_RANK_LOGS = {"TORCH_CPP_LOG_LEVEL": "INFO"}
 
 
 def _skip_reason() -> str | None:
-    reason = slurm_lab.unavailable_reason()
+    reason = slurm_setup.unavailable_reason()
     if reason is not None:
         return reason
     try:
-        slurm_lab.ensure_packages()
-    except (slurm_lab.LabUnavailable, OSError) as e:
+        slurm_setup.ensure_packages()
+    except (slurm_setup.LabUnavailable, OSError) as e:
         return f"cannot install the Slurm lab's packages: {e}"
     return None
 
@@ -83,15 +83,15 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[slurm_lab.SlurmLab
 def _assert_nothing_left(lab: slurm_lab.SlurmLab) -> None:
     """After the lab's teardown: none of its daemons alive, no process of its jobs, its folder
     gone, and none of its testbed's namespaces in ``ip netns list``."""
-    from shadowsync.benchmarks import cluster
+    from shadowsync.benchmarks import netns
 
     assert not [f"{name} ({pid})" for name, pid in lab.pids.items()
                 if Path(f"/proc/{pid}").exists()]
-    assert slurm_lab.leftover_pids(lab.conf) == []
+    assert slurm_setup.leftover_pids(lab.conf) == []
     assert not lab.root.exists()
     if lab.testbed is not None:
-        own = f"{cluster.PREFIX}-{lab.testbed.name}-"
-        assert not [ns for ns in cluster.list_namespaces() if ns.startswith(own)]
+        own = f"{netns.PREFIX}-{lab.testbed.name}-"
+        assert not [ns for ns in netns.list_namespaces() if ns.startswith(own)]
 
 
 def _wait(runner: Runner, handle: str, timeout_s: float = JOB_TIMEOUT_S) -> AppStatus:
@@ -210,9 +210,9 @@ def test_two_nodes_in_namespaces_train_to_succeeded(monkeypatch: pytest.MonkeyPa
     ``benchmarks/cluster.py``'s testbed: torchx's heterogeneous job puts one group on each,
     the two torchruns meet through c10d rendezvous at the first node's hostname, and the
     job's traffic crosses both nodes' rate-limited interfaces."""
-    from shadowsync.benchmarks import cluster
+    from shadowsync.benchmarks import netns
 
-    if (reason := _skip_reason() or cluster.unavailable_reason()) is not None:
+    if (reason := _skip_reason() or netns.unavailable_reason()) is not None:
         pytest.skip(reason)
     start = time.monotonic()
     with slurm_lab.lab_slurm(hosts=2, install=False) as lab2:
@@ -223,7 +223,7 @@ def test_two_nodes_in_namespaces_train_to_succeeded(monkeypatch: pytest.MonkeyPa
         monkeypatch.chdir(tmp_path)
         app = train(*OVERRIDES, "train.steps=40", f"output_dir={tmp_path}/${{app_id}}",
                     config=CONFIG, j="2x1", cpu=2, memMB=4000,
-                    env={"GLOO_SOCKET_IFNAME": cluster.HOST_IF, "OMP_NUM_THREADS": "1"})
+                    env={"GLOO_SOCKET_IFNAME": netns.HOST_IF, "OMP_NUM_THREADS": "1"})
         before = lab2.traffic()
         start = time.monotonic()
         with get_runner() as runner:

@@ -103,8 +103,7 @@ def test_a_strategy_of_ones_own_by_import_path() -> None:
     """``sync.strategy.name: module:Class`` with ``options`` of its own, read into the dataclass
     its ``from_config`` annotates them with and checked like any setting."""
     from shadowsync.sync.config import SyncConfig
-    from shadowsync.sync.strategies import ElasticAveraging, ModelAveraging
-    from shadowsync.sync.wrapper import make_strategy
+    from shadowsync.sync.strategies import ElasticAveraging, ModelAveraging, make_strategy
 
     def config(name: str, **options: object) -> SyncConfig:
         return SyncConfig.from_dict({"strategy": {"name": name, "options": options},
