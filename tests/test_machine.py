@@ -4,8 +4,6 @@ and the hand-off and the wire move along theirs (a world of one, in-process)."""
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator
-from datetime import timedelta
 
 import pytest
 import torch
@@ -22,7 +20,6 @@ from shadowsync.sync.protocol import (
     Layout,
     Wire,
     WireState,
-    new_sync_group,
 )
 from shadowsync.sync.round import Job, ReplicaSet, Result
 from shadowsync.sync.shadow import ShadowOptions, ShadowSyncRunner
@@ -135,22 +132,13 @@ def test_waiting_for_a_result_ends_at_the_clock_deadline() -> None:
 
 
 # ----------------------------------------------------------------------------- the wire
-@pytest.fixture
-def group() -> Iterator[dist.ProcessGroup]:
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield new_sync_group(timeout=timedelta(seconds=30))
-    finally:
-        dist.destroy_process_group()
-
-
 def _wire(group: dist.ProcessGroup) -> Wire:
     return Wire(Layout((3, 2), torch.float32, torch.device("cpu")), group, None, ManualClock())
 
 
 def test_the_wire_carries_every_payload_and_reads_the_control_slots(
-        group: dist.ProcessGroup) -> None:
-    wire = _wire(group)
+        world1: dist.ProcessGroup) -> None:
+    wire = _wire(world1)
     agreement = wire.allreduce([torch.tensor([1.0, 2.0, 3.0]), torch.tensor([4.0, 5.0])],
                                Control(pause_steps=2.5))
     assert [p.tolist() for p in wire.payloads] == [[1.0, 2.0, 3.0], [4.0, 5.0]]
@@ -166,9 +154,9 @@ def test_the_wire_carries_every_payload_and_reads_the_control_slots(
     assert wire.state is WireState.ABORTED
 
 
-def test_a_collective_that_raises_breaks_the_wire(group: dist.ProcessGroup,
+def test_a_collective_that_raises_breaks_the_wire(world1: dist.ProcessGroup,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    wire = _wire(group)
+    wire = _wire(world1)
 
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("connection closed by peer")
@@ -179,11 +167,11 @@ def test_a_collective_that_raises_breaks_the_wire(group: dist.ProcessGroup,
     assert wire.state is WireState.BROKEN
 
 
-def test_a_restarted_runner_reopens_its_wire(group: dist.ProcessGroup) -> None:
+def test_a_restarted_runner_reopens_its_wire(world1: dist.ProcessGroup) -> None:
     """A stop round leaves the wire PEERS_LEFT; the next start opens it again, so a round that
     fails before its collective still sends its abort flag (before, a flag set by the stop
     round stayed set until the next round's allreduce, and such a failure told no peer)."""
-    runner = ShadowSyncRunner(ReplicaSet([torch.zeros(3)], ModelAveraging()), group,
+    runner = ShadowSyncRunner(ReplicaSet([torch.zeros(3)], ModelAveraging()), world1,
                               ShadowOptions(max_staleness=1))
     runner.start()
     runner.step()

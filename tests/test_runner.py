@@ -34,16 +34,6 @@ def params_of(model: nn.Module) -> list[Tensor]:
     return list(model.parameters())
 
 
-@pytest.fixture
-def world1() -> Iterator[dist.ProcessGroup]:
-    """A gloo world of one in this process, and its sync group."""
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield new_sync_group(timeout=timedelta(seconds=30))
-    finally:
-        dist.destroy_process_group()
-
-
 class FixedPause(Pacer):
     """Proposes the same pause after every round."""
 
