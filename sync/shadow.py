@@ -185,6 +185,7 @@ class ShadowSyncRunner(SyncRunner):
     def stop(self, final_sync: bool = True) -> None:
         self._move("stop")
         try:
+            self._raise_if_failed()  # a thread that failed between rounds takes no stop round
             step = self._telemetry.counters.steps
             self._land(step, wait=True)
             if self._handoff.slot is not Slot.DRAINED:

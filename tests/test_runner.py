@@ -438,6 +438,24 @@ def test_the_abort_round_runs_on_the_side_stream(world1: dist.ProcessGroup,
     assert seen == [(False, True), (True, True)], seen  # the round, then the abort round
 
 
+def test_a_thread_that_failed_between_rounds_fails_the_stop_with_its_own_error(
+        world1: dist.ProcessGroup, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sync thread fails before it takes a job (here its stream context raises): a stop
+    right after raises that failure, not a broken hand-off from giving it a stop round."""
+
+    def failing(self: ShadowSyncRunner) -> contextlib.AbstractContextManager[object]:
+        raise RuntimeError("no stream for the thread")
+
+    monkeypatch.setattr(ShadowSyncRunner, "_thread_streams", failing)
+    runner = ShadowSyncRunner(ReplicaSet(params_of(make_model()), ModelAveraging()), world1)
+    runner.start()
+    assert runner._thread is not None
+    runner._thread.join(timeout=30)
+    with pytest.raises(SyncError, match="RuntimeError: no stream for the thread"):
+        runner.stop()
+    assert runner.state is State.FAILED
+
+
 def test_a_failure_in_the_stop_round_is_raised_with_a_finite_chain_of_causes(
         world1: dist.ProcessGroup) -> None:
     """The failure a stop raises is the first one recorded, raised as it is: raising it
