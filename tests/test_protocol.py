@@ -413,6 +413,55 @@ def test_fixed_rate_ma_matches_periodic_model_averager() -> None:
     assert torch.equal(final[0], final[1])
 
 
+def _two_sets(rank: int, world_size: int) -> dict[str, Any]:
+    """Two replica sets in one runner's rounds (MA on one model, EASGD on another) beside a
+    runner of their own for each, on copies of the same models and data; then the two sets in
+    one shadow runner, with its consensus at the stop."""
+    models = [make_model(seed) for seed in (1, 2, 1, 2)]
+    for m in models:
+        broadcast_(list(m.parameters()))
+    group = new_sync_group()
+
+    def sets(a: torch.nn.Module, b: torch.nn.Module) -> list[ReplicaSet]:
+        return [ReplicaSet(list(a.parameters()), ModelAveraging(), "first"),
+                ReplicaSet(list(b.parameters()), ElasticAveraging(alpha=0.4), "second")]
+
+    together = FixedRateSyncRunner(sets(models[0], models[1]), group, FixedRateOptions(period=2))
+    apart = [FixedRateSyncRunner(s, group, FixedRateOptions(period=2))
+             for s in sets(models[2], models[3])]
+    for runner in (together, *apart):
+        runner.start()
+    for x, y in rank_data(rank, 12):
+        for m in models:
+            train_step(m, x, y, lr=0.1)
+        for runner in (together, *apart):
+            runner.step()
+    same = [torch.equal(flat(models[i]), flat(models[i + 2])) for i in (0, 1)]
+    rounds = together.stats().rounds
+    for runner in (together, *apart):
+        runner.stop(final_sync=False)
+    shadow = ShadowSyncRunner(sets(models[0], models[1]), group, ShadowOptions(max_staleness=1))
+    shadow.start()
+    for x, y in rank_data(rank, 10):
+        train_step(models[0], x, y, lr=0.1)
+        train_step(models[1], x, y, lr=0.1)
+        shadow.step()
+    shadow.stop(final_sync=True)
+    return {"same": same, "rounds": rounds, "state": list(shadow.state_dict()["strategies"]),
+            "final": [gather_flat(models[0]), gather_flat(models[1])]}
+
+
+def test_one_round_carries_several_replica_sets() -> None:
+    """A round of two replica sets gives each exactly what a round of its own would (bitwise:
+    each strategy sees its own payload of the one allreduce), and a consensus leaves both sets
+    identical on every rank."""
+    for r in run_ranks(_two_sets, timeout_s=60):
+        assert r["same"] == [True, True] and r["rounds"] == 6, r
+        assert r["state"] == ["first", "second"]
+        for replicas in r["final"]:
+            assert torch.equal(replicas[0], replicas[1])
+
+
 SHADOW_STEPS = 150
 SHADOW_RUNS: dict[str, tuple[Callable[[], SyncStrategy] | None, dict[str, Any]]] = {
     "no sync": (None, {}),
