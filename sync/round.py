@@ -145,11 +145,12 @@ class Round:
 
     def init(self) -> None:
         """Binds each strategy, once, to its set's (identical) live tensors."""
-        for r in self.replicas:
-            if not r.initialized:
-                self.snapshot()
-                r.strategy.init(r.snapshot, self.wire.world)
-                r.initialized = True
+        pending = [r for r in self.replicas if not r.initialized]
+        if pending:
+            self.snapshot()
+        for r in pending:
+            r.strategy.init(r.snapshot, self.wire.world)
+            r.initialized = True
 
     # ------------------------------------------------------------------ 2-4. exchange
     def exchange(self, job: Job, control: Control,
