@@ -104,6 +104,14 @@ class Agreement:
     fastest_chunk_s: float
     nbytes: int
 
+    def with_lane(self, lane: Agreement) -> Agreement:
+        """This agreement with what this rank measured of the round's other wire ``lane``
+        added (a lane carries no control values of its own)."""
+        return dataclasses.replace(
+            self, comm_s=self.comm_s + lane.comm_s, paused_s=self.paused_s + lane.paused_s,
+            fastest_chunk_s=min(self.fastest_chunk_s, lane.fastest_chunk_s),
+            nbytes=self.nbytes + lane.nbytes)
+
 
 def check_params(params: Sequence[Tensor]) -> list[Tensor]:
     """Validate that ``params`` can share one flat buffer: same dtype and device, no repeats."""
@@ -266,13 +274,16 @@ def _require_dist() -> None:
 
 
 def new_sync_group(backend: str = "gloo", timeout: timedelta = timedelta(minutes=10),
-                   socket_ifname: str | None = None) -> dist.ProcessGroup:
+                   socket_ifname: str | None = None,
+                   partition: Sequence[Sequence[int]] | None = None) -> dist.ProcessGroup:
     """Create the process group that carries synchronization collectives.
 
     A group of its own keeps the runner's allreduces from interleaving with the training loop's
     collectives (TorchRec's all-to-alls) on the default group. ``dist.new_group`` is itself
     collective: call this on every rank, in the same order, before any thread starts. ``timeout``
     bounds how long a rank waits in a collective for a peer that died or stopped participating.
+    ``partition`` (global ranks, every rank in one part) makes one group per part, on every
+    rank, and returns this rank's: the ranks that hold replicas of the same embedding shards.
 
     Use ``gloo`` (it reduces CUDA tensors too, staging them through host memory) for a shadow
     runner: NCCL documents that issuing operations from several threads to independent
@@ -287,16 +298,26 @@ def new_sync_group(backend: str = "gloo", timeout: timedelta = timedelta(minutes
     _require_dist()
     if timeout <= timedelta(0):
         raise ValueError(f"timeout must be positive, got {timeout}")
-    if socket_ifname is None:
-        return dist.new_group(backend=backend, timeout=timeout)
-    if backend != "gloo":
+    if socket_ifname is not None and backend != "gloo":
         raise ValueError(f"socket_ifname applies to gloo groups, not {backend!r}")
+
+    def make() -> dist.ProcessGroup:
+        if partition is None:
+            return dist.new_group(backend=backend, timeout=timeout)
+        own, _ = dist.new_subgroups_by_enumeration([list(p) for p in partition],
+                                                   timeout=timeout, backend=backend)
+        if own is None:
+            raise ValueError(f"partition {partition} leaves out rank {dist.get_rank()}")
+        return own
+
+    if socket_ifname is None:
+        return make()
     # new_group passes no device options to gloo (torch 2.13 ignores pg_options there); the
     # group's constructor reads GLOO_SOCKET_IFNAME, so it is set for that call alone.
     before = os.environ.get("GLOO_SOCKET_IFNAME")
     os.environ["GLOO_SOCKET_IFNAME"] = socket_ifname
     try:
-        return dist.new_group(backend=backend, timeout=timeout)
+        return make()
     finally:
         if before is None:
             del os.environ["GLOO_SOCKET_IFNAME"]

@@ -1,16 +1,19 @@
 """One synchronization round, read in one place.
 
-A round synchronizes one or more :class:`ReplicaSet` s (today the dense replica; any other
-replicated tensors that share the round's process group are one more entry). Both runners run
-the same :class:`Round`; they differ only in which thread runs each stage:
+A round synchronizes one or more :class:`ReplicaSet` s: the dense replica over every rank and,
+with replica groups, this rank's embedding shards over the ranks that hold the same shards
+(a set's own ``group``). Sets that share a group travel in one buffer (a *wire*); the first
+wire (the runner's group) carries the control slots, and every rank sends its wires in the
+same order in every round, so each collective meets the same peers. Both runners run the same
+:class:`Round`; they differ only in which thread runs each stage:
 
 ======  =======================================  ============  ==============  ===============
 stage   what                                     method        shadow thread   fixed rate
 ======  =======================================  ============  ==============  ===============
 1       every set's live tensors -> snapshot     ``snapshot``  training        training
 2       each strategy's ``reduce_input``         ``exchange``  sync            training
-3       one SUM-allreduce of every payload and   ``exchange``  sync            training
-        the control slots (:mod:`.protocol`)
+3       a SUM-allreduce per wire: the first      ``exchange``  sync            training
+        with the control slots (:mod:`.protocol`)
 4       each strategy's ``delta``                ``exchange``  sync            training
 5       hand back the :class:`Result`            (runner)      sync -> train   (returned)
 6       add each delta to its live tensors       ``apply``     training        training
@@ -29,11 +32,21 @@ import dataclasses
 from collections.abc import Callable, Sequence
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 from torch.profiler import record_function
 
+from shadowsync.sync.clock import Clock
 from shadowsync.sync.errors import NonFiniteError
-from shadowsync.sync.protocol import Agreement, Control, Layout, Wire, check_params, views
+from shadowsync.sync.protocol import (
+    Agreement,
+    Control,
+    Layout,
+    Wire,
+    WireState,
+    check_params,
+    views,
+)
 from shadowsync.sync.strategies import SyncStrategy
 from shadowsync.sync.telemetry import Telemetry
 
@@ -74,15 +87,19 @@ class ReplicaSet:
         params: the live tensors, of one dtype and device, never repeated.
         strategy: the algorithm (pure tensor math, see :mod:`.strategies`).
         name: what errors call it (``the dense replica is not finite ...``).
+        group: the ranks that hold replicas of these tensors (None: the runner's group, every
+            rank); a group of its own is a sync group like the runner's, made on every rank
+            in the same order (:func:`~.protocol.new_sync_group`).
     """
 
     def __init__(self, params: Sequence[Tensor], strategy: SyncStrategy,
-                 name: str = "dense") -> None:
+                 name: str = "dense", group: dist.ProcessGroup | None = None) -> None:
         if not isinstance(strategy, SyncStrategy):
             raise TypeError(f"strategy must be a SyncStrategy, got {type(strategy).__name__}")
         self.params = check_params(params)
         self.strategy = strategy
         self.name = name
+        self.group = group
         first = self.params[0]
         self.snapshot = torch.empty(sum(p.numel() for p in self.params), dtype=first.dtype,
                                     device=first.device)
@@ -99,21 +116,42 @@ class ReplicaSet:
 
 
 class Round:
-    """The stages of the module's table over ``replicas``, on ``wire``.
+    """The stages of the module's table over ``replicas``, on ``wires``.
 
     Args:
-        replicas: the sets a round carries, each a payload of the wire's buffer in turn.
-        wire: the round's buffer and collective (its layout follows ``replicas``).
+        replicas: the sets a round carries, each a payload of its group's wire in turn.
+        wires: one per group, in the order every rank sends them (:meth:`plan_wires`); the
+            first is the runner's group and carries the control slots.
         telemetry: counts each round's bytes, time and its landing.
         stream: the side stream stages 1-4 run on (CUDA), or None.
     """
 
-    def __init__(self, replicas: Sequence[ReplicaSet], wire: Wire, telemetry: Telemetry,
-                 stream: torch.cuda.Stream | None = None) -> None:
+    def __init__(self, replicas: Sequence[ReplicaSet], wires: Sequence[Wire],
+                 telemetry: Telemetry, stream: torch.cuda.Stream | None = None) -> None:
         self.replicas = list(replicas)
-        self.wire = wire
+        self.wires = list(wires)
+        main = self.wires[0].group
+        self._lanes = [[i for i, r in enumerate(self.replicas) if (r.group or main) is w.group]
+                       for w in self.wires]
+        for wire, lane in zip(self.wires, self._lanes, strict=True):
+            sizes = tuple(self.replicas[i].snapshot.numel() for i in lane)
+            if sizes != wire.layout.sizes:
+                raise ValueError(f"a wire's layout {wire.layout.sizes} does not fit its replica "
+                                 f"sets {sizes}")
+        if sum(map(len, self._lanes)) != len(self.replicas):
+            raise ValueError("every replica set's group needs a wire of its own")
         self.stream = stream
         self._telemetry = telemetry
+
+    @property
+    def wire(self) -> Wire:
+        """The wire with the control slots (the runner's group)."""
+        return self.wires[0]
+
+    @property
+    def in_collective(self) -> bool:
+        """Any thread: whether this rank's part of the round is in one of its collectives."""
+        return any(w.state is WireState.IN_COLLECTIVE for w in self.wires)
 
     @staticmethod
     def layout(replicas: Sequence[ReplicaSet]) -> Layout:
@@ -124,6 +162,23 @@ class Round:
                              f"{sorted(map(str, dtypes))}")
         first = replicas[0].snapshot
         return Layout(tuple(r.snapshot.numel() for r in replicas), dtypes.pop(), first.device)
+
+    @staticmethod
+    def plan_wires(replicas: Sequence[ReplicaSet], group: dist.ProcessGroup,
+                   chunk_bytes: int | None, clock: Clock) -> list[Wire]:
+        """The wires ``replicas`` travel on: ``group``'s first, then each set's own group in
+        the order the sets name them (the same on every rank)."""
+        groups = [group]
+        for r in replicas:
+            if r.group is not None and all(r.group is not g for g in groups):
+                groups.append(r.group)
+        wires = []
+        for g in groups:
+            lane = [r for r in replicas if (r.group or group) is g]
+            layout = (Round.layout(lane) if lane else
+                      dataclasses.replace(Round.layout(replicas), sizes=()))
+            wires.append(Wire(layout, g, chunk_bytes, clock))
+        return wires
 
     # ------------------------------------------------------------------ 1. snapshot
     @torch.no_grad()
@@ -148,9 +203,10 @@ class Round:
         pending = [r for r in self.replicas if not r.initialized]
         if pending:
             self.snapshot()
-        for r in pending:
-            r.strategy.init(r.snapshot, self.wire.world)
-            r.initialized = True
+        for wire, lane in zip(self.wires, self._lanes, strict=True):
+            for r in (self.replicas[i] for i in lane if not self.replicas[i].initialized):
+                r.strategy.init(r.snapshot, wire.world)
+                r.initialized = True
 
     # ------------------------------------------------------------------ 2-4. exchange
     def exchange(self, job: Job, control: Control,
@@ -161,11 +217,18 @@ class Round:
             self._check_finite(r.snapshot, f"the {r.name} replica", job.step)
         with record_function("shadowsync.reduce_input"):
             payloads = [r.strategy.reduce_input(r.snapshot) for r in self.replicas]
-        agreement = self.wire.allreduce(payloads, control, pause_between_chunks)
+        agreement = self.wire.allreduce([payloads[i] for i in self._lanes[0]], control,
+                                        pause_between_chunks)
+        reduced = dict(zip(self._lanes[0], self.wire.payloads, strict=True))
+        for wire, lane in zip(self.wires[1:], self._lanes[1:], strict=True):
+            lane_agreed = wire.allreduce([payloads[i] for i in lane], Control(),
+                                         pause_between_chunks)
+            agreement = agreement.with_lane(lane_agreed)
+            reduced.update(zip(lane, wire.payloads, strict=True))
         self._telemetry.reduced(agreement)
         with record_function("shadowsync.delta"):
-            deltas = [r.strategy.delta(r.snapshot, reduced)
-                      for r, reduced in zip(self.replicas, self.wire.payloads, strict=True)]
+            deltas = [r.strategy.delta(r.snapshot, reduced[i])
+                      for i, r in enumerate(self.replicas)]
         for r, delta in zip(self.replicas, deltas, strict=True):
             self._check_finite(delta, f"the {r.name} delta", job.step)
         self._telemetry.round_done()
@@ -194,13 +257,14 @@ class Round:
         the same bits."""
         with record_function("shadowsync.consensus"):
             self.snapshot()
-            wire = self.wire.like(self.replicas[0].snapshot.dtype)
-            wire.allreduce([r.strategy.consensus_input(r.snapshot) for r in self.replicas],
-                           Control())
-            for r, reduced in zip(self.replicas, wire.payloads, strict=True):
-                model = r.strategy.consensus(reduced)
-                self._check_finite(model, f"the {r.name} consensus model", step)
-                r.overwrite(model)
+            for lane, wire in zip(self._lanes, self.wires, strict=True):
+                sets = [self.replicas[i] for i in lane]
+                full = wire.like(self.replicas[0].snapshot.dtype)
+                full.allreduce([r.strategy.consensus_input(r.snapshot) for r in sets], Control())
+                for r, reduced in zip(sets, full.payloads, strict=True):
+                    model = r.strategy.consensus(reduced)
+                    self._check_finite(model, f"the {r.name} consensus model", step)
+                    r.overwrite(model)
 
     def _check_finite(self, t: Tensor, what: str, step: int) -> None:
         """Raises :class:`~.errors.NonFiniteError` if ``t`` holds NaN or inf (one fused

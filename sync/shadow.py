@@ -55,7 +55,7 @@ from shadowsync.sync.config import check
 from shadowsync.sync.errors import RoundStalled, SyncError
 from shadowsync.sync.handoff import HandOff, Slot
 from shadowsync.sync.pacing import CommShare, Interval, Pacer, Pacing, RoundTimes, SlowdownPacer
-from shadowsync.sync.protocol import Control, WireState
+from shadowsync.sync.protocol import Control
 from shadowsync.sync.round import Job, Result
 from shadowsync.sync.runner import OnFailure, Replicas, SyncRunner
 
@@ -219,7 +219,7 @@ class ShadowSyncRunner(SyncRunner):
         job = self._handoff.unanswered()
         deadline = None if job is None else self._deadline(job.given_at)
         if job is None or deadline is None or self._clock.now() <= deadline \
-                or self._round.wire.state is WireState.IN_COLLECTIVE:
+                or self._round.in_collective:
             return None
         return self._as_sync_error(self._stalled(job, in_collective=False))
 
@@ -260,7 +260,7 @@ class ShadowSyncRunner(SyncRunner):
         if result is None:
             self._raise_if_failed()
             if must or (deadline is not None and self._clock.now() > deadline):
-                in_collective = self._round.wire.state is WireState.IN_COLLECTIVE
+                in_collective = self._round.in_collective
                 self._handoff.fail(self._stalled(job, in_collective))
                 self._raise_if_failed()
             return None

@@ -462,6 +462,66 @@ def test_one_round_carries_several_replica_sets() -> None:
             assert torch.equal(replicas[0], replicas[1])
 
 
+def _replica_groups(rank: int, world_size: int) -> dict[str, Any]:
+    """Two groups of two ranks ([0, 1], [2, 3]): a dense set on every rank, a shard set on the
+    ranks that hold the same shard ([0, 2], [1, 3]), one fixed-rate MA round, then shadow rounds
+    and a consensus."""
+    group = new_sync_group()
+    replicas = new_sync_group(partition=[[0, 2], [1, 3]])
+    gen = torch.Generator().manual_seed(100 + rank)
+    dense = [torch.randn(5, generator=gen), torch.randn(2, 3, generator=gen)]
+    shard = [torch.randn(4, 2, generator=gen)]
+    before = [t.double().clone() for t in (*dense, *shard)]
+
+    def sets() -> list[ReplicaSet]:
+        return [ReplicaSet(dense, ModelAveraging()),
+                ReplicaSet(shard, ModelAveraging(), "shard", group=replicas)]
+
+    runner = FixedRateSyncRunner(sets(), group, FixedRateOptions(period=1))
+    runner.start()
+    runner.step()
+    one_round = [t.double().clone() for t in (*dense, *shard)]
+    nbytes = runner.stats().bytes_reduced
+    runner.stop(final_sync=False)
+    shadow = ShadowSyncRunner(sets(), group, ShadowOptions(max_staleness=1))
+    shadow.start()
+    for step in range(8):
+        with torch.no_grad():
+            for t in (*dense, *shard):
+                t.add_(0.01 * (rank + 1) * (step + 1))
+        dist.all_reduce(torch.zeros(1))  # a training collective each step
+        shadow.step()
+    shadow.stop(final_sync=True)
+    everyone = [[torch.empty_like(t) for _ in range(world_size)] for t in (*dense, *shard)]
+    for out, t in zip(everyone, (*dense, *shard), strict=True):
+        dist.all_gather(out, t)
+    return {"before": before, "one_round": one_round, "bytes": nbytes,
+            "final": everyone, "rounds": shadow.stats().rounds}
+
+
+def test_a_round_carries_a_replica_set_of_a_replica_group() -> None:
+    """Embedding shards replicated across groups: one round averages the dense set over every
+    rank and the shard set over the ranks that hold it (a float64 reference), in one buffer
+    per group; after shadow rounds and a consensus every replica of each is identical bitwise,
+    while the two shards stay apart."""
+    results = run_ranks(_replica_groups, world_size=4, timeout_s=90, safe_types=[SyncStats])
+    dense_mean = [torch.stack([r["before"][i] for r in results]).mean(0) for i in (0, 1)]
+    for rank, r in enumerate(results):
+        holders = [rank % 2, rank % 2 + 2]
+        shard_mean = torch.stack([results[h]["before"][2] for h in holders]).mean(0)
+        for got, want in zip(r["one_round"], [*dense_mean, shard_mean], strict=True):
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+        # one buffer per wire: payload, 3 control slots and a flag per rank of its group
+        assert r["bytes"] == 4 * ((5 + 6 + 3 + 4) + (8 + 3 + 2)), r["bytes"]
+        assert r["rounds"] >= 1
+    for i, everyone in enumerate(results[0]["final"]):
+        if i < 2:  # dense: one replica on every rank
+            assert all(torch.equal(everyone[0], t) for t in everyone)
+        else:  # the shard: identical where it is held, another shard elsewhere
+            assert torch.equal(everyone[0], everyone[2]) and torch.equal(everyone[1], everyone[3])
+            assert not torch.equal(everyone[0], everyone[1])
+
+
 SHADOW_STEPS = 150
 SHADOW_RUNS: dict[str, tuple[Callable[[], SyncStrategy] | None, dict[str, Any]]] = {
     "no sync": (None, {}),
