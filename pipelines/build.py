@@ -20,7 +20,7 @@ from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterCons
 from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
 from torchrec.distributed.planner.types import KernelConfig, TopologyFactory, TrainerConfig
 from torchrec.distributed.sharding_plan import get_default_sharders
-from torchrec.distributed.types import ShardingPlan
+from torchrec.distributed.types import ShardingEnv, ShardingPlan
 from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
@@ -29,6 +29,8 @@ from shadowsync.datasets import DataSpec
 from shadowsync.models.init import require_initializable, reset_dense_from_seed_
 from shadowsync.models.zoo import build_model, sparse_modules
 from shadowsync.pipelines.config import ROW_WISE_FAMILY, RunConfig, ShardingType
+from shadowsync.pipelines.layout import ReplicaGroups, remap_plan
+from shadowsync.pipelines.layout import sharding_env as sharding_env_2d
 from shadowsync.sync.wrapper import (
     DDPReplicas,
     LocalReplicas,
@@ -156,11 +158,11 @@ def sharding_constraints(cfg: RunConfig, tables: list[str],
 
 
 def _meta_model_and_planner(
-    cfg: RunConfig, spec: DataSpec, world_size: int, device: torch.device,
+    cfg: RunConfig, spec: DataSpec, groups: ReplicaGroups, device: torch.device,
     local_world_size: int | None = None,
 ) -> tuple[nn.Module, EmbeddingShardingPlanner]:
     """The model on ``meta`` with its embedding optimizer fused into backward, and a planner
-    for ``world_size`` ranks on ``device``, ``local_world_size`` of them per host (default:
+    for one group of ``groups`` on ``device``, ``local_world_size`` ranks per host (default:
     ``LOCAL_WORLD_SIZE``, else all on one host).
 
     Raises :class:`~shadowsync.models.init.NotInitializable` naming any module that
@@ -179,11 +181,12 @@ def _meta_model_and_planner(
     # sparse_modules() returns nn.Modules, whose __getattr__ types methods as Tensor | Module
     tables = [t.name for c in collections for t in c.embedding_bag_configs()]  # type: ignore[operator]
     if local_world_size is None:
-        local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", groups.world))
     # TorchRec's own constructors: a Topology built directly, or the planner's default
     # HeuristicalStorageReservation, each log a deprecation warning on every rank.
     topology = TopologyFactory.create_topology(
-        TrainerConfig(world_size=world_size, local_world_size=local_world_size),
+        TrainerConfig(world_size=groups.size,
+                      local_world_size=min(local_world_size, groups.size)),
         kernel_config=KernelConfig(compute_device=device.type),
     )
     planner = EmbeddingShardingPlanner(
@@ -197,20 +200,42 @@ def _meta_model_and_planner(
     return model, planner
 
 
+def replica_groups(cfg: RunConfig, world_size: int,
+                   local_world_size: int | None = None) -> ReplicaGroups:
+    """The layout of ``sharding.group_size`` for ``world_size`` ranks, ``local_world_size`` a
+    host (default: ``LOCAL_WORLD_SIZE``, else all on one host); raises a one-line
+    ``ValueError`` for a layout the job cannot run."""
+    if local_world_size is None:
+        local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    groups = ReplicaGroups.of(cfg.sharding.group_size, world_size, local_world_size)
+    if groups.whole:
+        return groups
+    layout = f"sharding.group_size={groups.size} ({groups.count} groups of {world_size} ranks)"
+    if not (cfg.sync.algorithm.strategy or cfg.sync.strategy.name == "none"):
+        raise ValueError(f"{layout} needs a ShadowSync strategy (or none) to keep the groups' "
+                         f"replicas in step, not sync.strategy={cfg.sync.strategy.name}")
+    if cfg.checkpoint.dir is not None:
+        raise ValueError(f"{layout}: checkpoints of replica groups are not supported yet; "
+                         f"unset checkpoint.dir")
+    return groups
+
+
 def check_sharding(cfg: RunConfig, spec: DataSpec, world_size: int,
                    device: torch.device, local_world_size: int | None = None) -> None:
     """Plans the sharding once without any process group, so that an impossible setting fails
     before ranks meet (or before a job is submitted), as a ``ValueError`` naming the
-    ``sharding`` settings; checks the synchronizer's backend against ``device`` too."""
+    ``sharding`` settings; checks the layout of replica groups and the synchronizer's backend
+    against ``device`` too."""
     cfg.sync.check_device(device.type)
-    model, planner = _meta_model_and_planner(cfg, spec, world_size, device, local_world_size)
+    groups = replica_groups(cfg, world_size, local_world_size)
+    model, planner = _meta_model_and_planner(cfg, spec, groups, device, local_world_size)
     try:
         planner.plan(model, get_default_sharders())
     except RuntimeError as e:  # TorchRec's planner reports infeasible constraints this way
         raise ValueError(
             f"sharding.types={list(cfg.sharding.types)}, sharding.compute_kernel="
             f"{cfg.sharding.compute_kernel}, sharding.min_partition={cfg.sharding.min_partition}"
-            f": no feasible plan for {world_size} ranks on {device.type}: {e}"
+            f": no feasible plan for {groups.size} ranks on {device.type}: {e}"
         ) from e
 
 
@@ -222,14 +247,25 @@ def build_sharded_model(
     The embedding optimizer is fused into backward. The dense part is initialized from
     ``train.seed`` alone, before ``wrapper`` gets the replicas: every rank holds the same values
     as ``build_model(cfg.model, spec, "cpu", seed=train.seed)``, whatever the plan and world
-    size.
+    size. With replica groups (:mod:`.layout`) every group gets the plan of one group, on its
+    own ranks, and its tables start as the first group's.
     """
     torch.manual_seed(cfg.train.seed)
-    model, planner = _meta_model_and_planner(cfg, spec, env.world_size, env.device)
+    groups = replica_groups(cfg, env.world_size)
+    model, planner = _meta_model_and_planner(cfg, spec, groups, env.device)
     sharders = get_default_sharders()
-    plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
+    sharding_env: ShardingEnv | None = None
+    if groups.whole:
+        plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
+    else:  # plan() is deterministic: every rank plans the same (collective_plan broadcasts
+        # from global rank 0, which is in one group only)
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size))
+        plan = remap_plan(planner.plan(model, sharders), groups.shard_ranks(env.rank)[0],
+                          env.device, local_world)
+        sharding_env = sharding_env_2d(groups, env.device)
     dmp = DistributedModelParallel(
         module=model,
+        env=sharding_env,
         device=env.device,
         plan=plan,
         sharders=sharders,

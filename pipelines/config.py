@@ -76,12 +76,16 @@ class ShardingConfig:
     """Sharding types the planner may choose from (empty: all that the device supports).
 
     ``min_partition`` is the narrowest column-wise shard (TorchRec's default is 128 columns, so
-    narrower tables are not split unless it is lowered).
+    narrower tables are not split unless it is lowered). ``group_size`` shards the tables
+    inside groups of that many contiguous ranks (``local``: a host's), the groups replicas
+    of each other, synchronized by ``sync`` (see :mod:`.layout`); null: one group of every
+    rank.
     """
 
     types: list[ShardingType] = field(default_factory=list)
     compute_kernel: Literal["fused", "dense", "auto"] = "auto"
     min_partition: int | None = None
+    group_size: int | Literal["local"] | None = None
 
 
 @dataclass
@@ -195,6 +199,10 @@ class RunConfig:
         for key, valid in _RANGES.items():
             section, _, name = key.partition(".")
             check_range(key, getattr(getattr(self, section), name), valid)
+        group_size = self.sharding.group_size
+        if isinstance(group_size, int) and group_size < 1:
+            raise ValueError(f"sharding.group_size: expected a positive number of ranks or "
+                             f"'local', got {group_size}")
         if self.checkpoint.every_steps is not None and self.checkpoint.dir is None:
             raise ValueError("checkpoint.every_steps needs checkpoint.dir")
         if self.logging.tensorboard and self.output_dir is None:

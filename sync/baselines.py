@@ -6,19 +6,23 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
+from torch import Tensor, nn
+from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+from torch.distributed.tensor import DTensor
 from torchrec.distributed.model_parallel import (
     DataParallelWrapper,
     DefaultDataParallelWrapper,
     DistributedModelParallel,
     get_unwrapped_module,
 )
+from torchrec.distributed.shards_wrapper import LocalShardsWrapper
 from torchrec.distributed.types import ShardingEnv
 
 from shadowsync.sync.config import SyncConfig
 
 __all__ = ["DDPReplicas", "LocalReplicas", "PeriodicAveragerReplicas", "ReplicaHooks",
+           "embedding_shards",
            "data_parallel_table_parameters", "dense_parameters"]
 
 
@@ -29,6 +33,25 @@ def dense_parameters(dmp: nn.Module) -> dict[str, nn.Parameter]:
     module = get_unwrapped_module(dmp)
     sharded = set(DistributedModelParallel._sharded_parameter_names(module))
     return {n: p for n, p in module.named_parameters() if n not in sharded and p.requires_grad}
+
+
+def embedding_shards(dmp: nn.Module) -> list[Tensor]:
+    """This rank's shards of the tables TorchRec sharded (not ``data_parallel``), in the
+    module's order: the local parts of their ``DTensor`` s or ``ShardedTensor`` s, views of
+    the weights the kernels read and update in place (the optimizer's state is not among
+    them)."""
+    module = get_unwrapped_module(dmp)
+    sharded = set(DistributedModelParallel._sharded_parameter_names(module))
+    out: list[Tensor] = []
+    for name, value in module.state_dict().items():
+        if name not in sharded:
+            continue
+        if isinstance(value, DTensor):  # a LocalShardsWrapper of this rank's shards
+            local = value.to_local()
+            out.extend(local.local_shards() if isinstance(local, LocalShardsWrapper) else [local])
+        elif isinstance(value, ShardedTensor):
+            out.extend(s.tensor for s in value.local_shards())
+    return [t for t in out if t.numel() > 0]
 
 
 def data_parallel_table_parameters(dmp: DistributedModelParallel) -> dict[str, nn.Parameter]:

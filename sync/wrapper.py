@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import logging
 import math
 from datetime import timedelta
@@ -20,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torchrec.distributed.model_parallel import DistributedModelParallel
-from torchrec.distributed.types import ShardingEnv
+from torchrec.distributed.types import ShardingEnv, ShardingEnv2D
 
 from shadowsync.sync.baselines import (
     DDPReplicas,
@@ -29,14 +30,15 @@ from shadowsync.sync.baselines import (
     ReplicaHooks,
     data_parallel_table_parameters,
     dense_parameters,
+    embedding_shards,
 )
 from shadowsync.sync.config import SyncConfig
 from shadowsync.sync.errors import FailureSink, NonFiniteError, SyncError
 from shadowsync.sync.machine import Machine
-from shadowsync.sync.protocol import average_, new_sync_group
+from shadowsync.sync.modes import new_runner
+from shadowsync.sync.protocol import average_, broadcast_, new_sync_group
 from shadowsync.sync.round import ReplicaSet
-from shadowsync.sync.runner import FixedRateOptions, FixedRateSyncRunner, SyncRunner
-from shadowsync.sync.shadow import ShadowOptions, ShadowSyncRunner
+from shadowsync.sync.runner import SyncRunner
 from shadowsync.sync.strategies import make_strategy
 
 __all__ = ["PHASES", "DDPReplicas", "LocalReplicas", "PeriodicAveragerReplicas", "Phase",
@@ -200,6 +202,8 @@ class ShadowSyncReplicas(LocalReplicas):
         self._rejoin_at = 0  # the step of the rejoin, in DEGRADED
         self._failure_count = 0
         self._groups: list[dist.ProcessGroup] = []
+        self._partition: list[list[int]] | None = None  # the replica groups, if any
+        self._shards: list[torch.Tensor] = []  # this rank's replicated embedding shards
         if failures is not None:
             failures.watch_sync(self.own_stall)
 
@@ -218,36 +222,32 @@ class ShadowSyncReplicas(LocalReplicas):
         self.cfg.check_device(device.type)
         super().wrap(dmp, env, device)
         self._device = device
-        self.runner = self._new_runner(self._new_group())
+        if isinstance(env, ShardingEnv2D):  # replica groups: the mesh's columns
+            self._partition = env.device_mesh.mesh.T.tolist()
+            self._shards = embedding_shards(dmp)
+        groups = self._new_groups()
+        if self._shards:  # every replica of a shard starts as the first group's
+            broadcast_(self._shards, groups[1], src=dist.get_global_rank(groups[1], 0))
+        self.runner = self._new_runner(groups)
         self.runner.start()
         self._phases.move("wrap")
 
-    def _new_group(self) -> dist.ProcessGroup:
-        """A fresh sync group (collective)."""
+    def _new_groups(self) -> list[dist.ProcessGroup]:
+        """A fresh sync group, and this rank's fresh replica group if any (collective)."""
         t = self.cfg.transport
-        group = new_sync_group(t.backend, timedelta(seconds=self.cfg.failure.timeout_s),
-                               t.socket_ifname)
-        self._groups.append(group)
-        return group
+        make = functools.partial(new_sync_group, t.backend,
+                                 timedelta(seconds=self.cfg.failure.timeout_s), t.socket_ifname)
+        groups = [make()] + ([make(partition=self._partition)] if self._partition else [])
+        self._groups.extend(groups)
+        return groups
 
-    def _new_runner(self, group: dist.ProcessGroup) -> SyncRunner:
-        """A runner of the configured mode on ``group``, not started."""
-        cfg, schedule = self.cfg, self.cfg.schedule
-        replicas = ReplicaSet(list(self.params.values()), make_strategy(cfg))
-        report = None if self._failures is None else self._report
-        if schedule.mode == "fixed_rate":
-            return FixedRateSyncRunner(replicas, group, FixedRateOptions(
-                period=schedule.period, chunk_bytes=cfg.chunk_bytes), report)
-        return ShadowSyncRunner(replicas, group, ShadowOptions(
-            min_interval_s=schedule.min_interval_s,
-            max_comm_share=schedule.max_comm_share or 1.0,
-            max_slowdown=schedule.max_slowdown,
-            slowdown_window=schedule.slowdown_window,
-            deadline_s=cfg.failure.timeout_s,
-            chunk_bytes=cfg.chunk_bytes,
-            thread_nice=cfg.transport.thread_nice,
-            max_staleness=schedule.max_staleness,
-        ), report)
+    def _new_runner(self, groups: list[dist.ProcessGroup]) -> SyncRunner:
+        """The configured runner on ``groups`` (:meth:`_new_groups`), not started."""
+        sets = [ReplicaSet(list(self.params.values()), make_strategy(self.cfg))]
+        if self._shards:  # this rank's replicated embedding shards, over its replica group
+            sets.append(ReplicaSet(self._shards, make_strategy(self.cfg), "embedding", groups[1]))
+        return new_runner(self.cfg, sets, groups[0],
+                          None if self._failures is None else self._report)
 
     def close(self) -> None:
         """Destroys every sync group made (the first, one per merge), after :meth:`finish`."""
@@ -334,9 +334,11 @@ class ShadowSyncReplicas(LocalReplicas):
     def _merge(self) -> None:
         """Collective: average the replicas over a fresh group, with a fresh runner (not
         started: strategy state such as BMUF momentum starts over)."""
-        group = self._new_group()
-        average_(list(self.params.values()), group)
-        self.runner = self._new_runner(group)
+        groups = self._new_groups()
+        average_(list(self.params.values()), groups[0])
+        if self._shards:
+            average_(self._shards, groups[1])
+        self.runner = self._new_runner(groups)
         self._steps_since_consensus = 0
         logger.info("rank %d: synchronization rejoined on a fresh group with averaged replicas",
                     dist.get_rank())
