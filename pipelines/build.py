@@ -50,6 +50,11 @@ _DENSE_OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
 }
 CPU_SHARDING_TYPES: tuple[ShardingType, ...] = (
     "table_wise", "column_wise", "table_column_wise", "data_parallel")
+# With replica groups: not data_parallel (TorchRec's DDP of those tables spans every rank, a
+# per-step collective across groups), not table_column_wise nor grid_shard (TorchRec 1.8
+# cannot describe a rank's empty shard of them under ShardingEnv2D).
+REPLICA_GROUP_TYPES: tuple[ShardingType, ...] = (
+    "table_wise", "column_wise", "row_wise", "table_row_wise")
 
 
 class _DropMessages(logging.Filter):
@@ -134,10 +139,18 @@ def init_distributed(timeout_s: float) -> DistEnv:
     return DistEnv(dist.get_rank(), dist.get_world_size(), local_rank, device, backend)
 
 
-def sharding_constraints(cfg: RunConfig, tables: list[str],
-                         device: torch.device) -> dict[str, Any]:
-    """The planner's constraints from ``sharding``, for every table of the model."""
+def sharding_constraints(cfg: RunConfig, tables: list[str], device: torch.device,
+                         replicated: bool = False) -> dict[str, Any]:
+    """The planner's constraints from ``sharding``, for every table of the model
+    (``replicated``: in replica groups, see :data:`REPLICA_GROUP_TYPES`)."""
     types = list(cfg.sharding.types)
+    if replicated:
+        bad = [t for t in types if t not in REPLICA_GROUP_TYPES]
+        if bad:
+            raise ValueError(f"sharding.types: {bad} cannot shard inside replica groups "
+                             f"(sharding.group_size); choose from {list(REPLICA_GROUP_TYPES)}")
+        types = types or [t for t in REPLICA_GROUP_TYPES
+                          if device.type == "cuda" or t not in ROW_WISE_FAMILY]
     if device.type == "cpu":
         bad = [t for t in types if t in ROW_WISE_FAMILY]
         if bad:
@@ -195,7 +208,7 @@ def _meta_model_and_planner(
         # the planner's default margin; the dense part (<= 8 MB in every preset) needs no
         # estimate of its own
         storage_reservation=FixedPercentageStorageReservation(0.15),
-        constraints=sharding_constraints(cfg, tables, device),
+        constraints=sharding_constraints(cfg, tables, device, replicated=not groups.whole),
     )
     return model, planner
 
@@ -214,9 +227,6 @@ def replica_groups(cfg: RunConfig, world_size: int,
     if not (cfg.sync.algorithm.strategy or cfg.sync.strategy.name == "none"):
         raise ValueError(f"{layout} needs a ShadowSync strategy (or none) to keep the groups' "
                          f"replicas in step, not sync.strategy={cfg.sync.strategy.name}")
-    if cfg.checkpoint.dir is not None:
-        raise ValueError(f"{layout}: checkpoints of replica groups are not supported yet; "
-                         f"unset checkpoint.dir")
     return groups
 
 

@@ -22,7 +22,7 @@ from torchrec.distributed.types import ShardingEnv
 from shadowsync.sync.config import SyncConfig
 
 __all__ = ["DDPReplicas", "LocalReplicas", "PeriodicAveragerReplicas", "ReplicaHooks",
-           "embedding_shards",
+           "embedding_optimizer_state", "embedding_shards",
            "data_parallel_table_parameters", "dense_parameters"]
 
 
@@ -35,23 +35,34 @@ def dense_parameters(dmp: nn.Module) -> dict[str, nn.Parameter]:
     return {n: p for n, p in module.named_parameters() if n not in sharded and p.requires_grad}
 
 
+def _local_parts(value: object) -> list[Tensor]:
+    """This rank's parts of a sharded ``DTensor`` or ``ShardedTensor`` (views of the
+    kernel's tensors), none of anything else."""
+    if isinstance(value, DTensor):  # a LocalShardsWrapper of this rank's shards
+        local = value.to_local()
+        parts = local.local_shards() if isinstance(local, LocalShardsWrapper) else [local]
+    elif isinstance(value, ShardedTensor):
+        parts = [s.tensor for s in value.local_shards()]
+    else:
+        return []
+    return [t for t in parts if t.numel() > 0]
+
+
 def embedding_shards(dmp: nn.Module) -> list[Tensor]:
     """This rank's shards of the tables TorchRec sharded (not ``data_parallel``), in the
-    module's order: the local parts of their ``DTensor`` s or ``ShardedTensor`` s, views of
-    the weights the kernels read and update in place (the optimizer's state is not among
-    them)."""
+    module's order: views of the weights the kernels read and update in place."""
     module = get_unwrapped_module(dmp)
     sharded = set(DistributedModelParallel._sharded_parameter_names(module))
-    out: list[Tensor] = []
-    for name, value in module.state_dict().items():
-        if name not in sharded:
-            continue
-        if isinstance(value, DTensor):  # a LocalShardsWrapper of this rank's shards
-            local = value.to_local()
-            out.extend(local.local_shards() if isinstance(local, LocalShardsWrapper) else [local])
-        elif isinstance(value, ShardedTensor):
-            out.extend(s.tensor for s in value.local_shards())
-    return [t for t in out if t.numel() > 0]
+    return [t for name, value in module.state_dict().items() if name in sharded
+            for t in _local_parts(value)]
+
+
+def embedding_optimizer_state(dmp: DistributedModelParallel) -> list[Tensor]:
+    """This rank's shards of the fused embedding optimizer's state (row-wise Adagrad's
+    per-row sums, ...), in the optimizer's order: views of the kernels' own tensors."""
+    state = dmp.fused_optimizer.state_dict()["state"]
+    return [t for per_param in state.values() for value in per_param.values()
+            for t in _local_parts(value)]
 
 
 def data_parallel_table_parameters(dmp: DistributedModelParallel) -> dict[str, nn.Parameter]:

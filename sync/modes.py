@@ -1,15 +1,39 @@
-"""The runner of ``sync.schedule.mode``, built from a :class:`~.config.SyncConfig`."""
+"""The runner of ``sync.schedule.mode`` and the replica sets it synchronizes, built from a
+:class:`~.config.SyncConfig`."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch.distributed as dist
+from torch import Tensor
 
 from shadowsync.sync.config import SyncConfig
 from shadowsync.sync.round import ReplicaSet
 from shadowsync.sync.runner import FixedRateOptions, FixedRateSyncRunner, OnFailure, SyncRunner
 from shadowsync.sync.shadow import ShadowOptions, ShadowSyncRunner
+from shadowsync.sync.strategies import ModelAveraging, make_strategy
 
-__all__ = ["new_runner"]
+__all__ = ["new_runner", "replica_sets"]
+
+
+def replica_sets(cfg: SyncConfig, dense: list[Tensor], shards: list[Tensor],
+                 shard_state: list[Tensor],
+                 shard_group: Sequence[dist.ProcessGroup]) -> list[ReplicaSet]:
+    """What a runner of ``cfg`` synchronizes: the ``dense`` replica over the runner's group
+    and, with replica groups (``shard_group``: this rank's, one or none), this rank's
+    embedding ``shards`` by the same strategy and their optimizer's ``shard_state`` by model
+    averaging whatever the strategy (per-row statistics, not parameters: averaged as
+    TorchRec's DMPCollection syncs them, so the replicas' step sizes agree)."""
+    strategy = make_strategy(cfg)
+    sets = [ReplicaSet(dense, strategy)]
+    for group in shard_group:
+        if shards:
+            sets.append(ReplicaSet(shards, make_strategy(cfg), "embedding", group))
+        if shard_state:
+            sets.append(ReplicaSet(shard_state, ModelAveraging(strategy.wire_dtype),
+                                   "embedding optimizer state", group))
+    return sets
 
 
 def new_runner(cfg: SyncConfig, replicas: list[ReplicaSet], group: dist.ProcessGroup,

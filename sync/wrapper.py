@@ -30,14 +30,14 @@ from shadowsync.sync.baselines import (
     ReplicaHooks,
     data_parallel_table_parameters,
     dense_parameters,
+    embedding_optimizer_state,
     embedding_shards,
 )
 from shadowsync.sync.config import SyncConfig
 from shadowsync.sync.errors import FailureSink, NonFiniteError, SyncError
 from shadowsync.sync.machine import Machine
-from shadowsync.sync.modes import new_runner
+from shadowsync.sync.modes import new_runner, replica_sets
 from shadowsync.sync.protocol import average_, broadcast_, new_sync_group
-from shadowsync.sync.round import ReplicaSet
 from shadowsync.sync.runner import SyncRunner
 from shadowsync.sync.strategies import make_strategy
 
@@ -204,6 +204,7 @@ class ShadowSyncReplicas(LocalReplicas):
         self._groups: list[dist.ProcessGroup] = []
         self._partition: list[list[int]] | None = None  # the replica groups, if any
         self._shards: list[torch.Tensor] = []  # this rank's replicated embedding shards
+        self._shard_state: list[torch.Tensor] = []  # and their optimizer's state
         if failures is not None:
             failures.watch_sync(self.own_stall)
 
@@ -224,10 +225,11 @@ class ShadowSyncReplicas(LocalReplicas):
         self._device = device
         if isinstance(env, ShardingEnv2D):  # replica groups: the mesh's columns
             self._partition = env.device_mesh.mesh.T.tolist()
-            self._shards = embedding_shards(dmp)
+            self._shards, self._shard_state = embedding_shards(dmp), embedding_optimizer_state(dmp)
         groups = self._new_groups()
         if self._shards:  # every replica of a shard starts as the first group's
-            broadcast_(self._shards, groups[1], src=dist.get_global_rank(groups[1], 0))
+            broadcast_(self._shards + self._shard_state, groups[1],
+                       src=dist.get_global_rank(groups[1], 0))
         self.runner = self._new_runner(groups)
         self.runner.start()
         self._phases.move("wrap")
@@ -243,9 +245,8 @@ class ShadowSyncReplicas(LocalReplicas):
 
     def _new_runner(self, groups: list[dist.ProcessGroup]) -> SyncRunner:
         """The configured runner on ``groups`` (:meth:`_new_groups`), not started."""
-        sets = [ReplicaSet(list(self.params.values()), make_strategy(self.cfg))]
-        if self._shards:  # this rank's replicated embedding shards, over its replica group
-            sets.append(ReplicaSet(self._shards, make_strategy(self.cfg), "embedding", groups[1]))
+        sets = replica_sets(self.cfg, list(self.params.values()), self._shards,
+                            self._shard_state, groups[1:])
         return new_runner(self.cfg, sets, groups[0],
                           None if self._failures is None else self._report)
 
@@ -337,7 +338,7 @@ class ShadowSyncReplicas(LocalReplicas):
         groups = self._new_groups()
         average_(list(self.params.values()), groups[0])
         if self._shards:
-            average_(self._shards, groups[1])
+            average_(self._shards + self._shard_state, groups[1])
         self.runner = self._new_runner(groups)
         self._steps_since_consensus = 0
         logger.info("rank %d: synchronization rejoined on a fresh group with averaged replicas",

@@ -4,10 +4,12 @@ of 2 whose embedding shards and dense replicas the synchronizer keeps in step.""
 from __future__ import annotations
 
 import functools
+from datetime import timedelta
 from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from shadowsync.datasets import build_dataset
 from shadowsync.pipelines.build import check_sharding
@@ -50,8 +52,10 @@ def test_a_layout_that_does_not_divide_the_job_is_refused_in_one_line(
 @pytest.mark.parametrize(("overrides", "message"), [
     (["sync.strategy.name=ddp"], "needs a ShadowSync strategy .or none. to keep the groups' "
                                  "replicas in step, not sync.strategy=ddp"),
-    (["sync.strategy.name=ma", "checkpoint.dir=/tmp/x"], "checkpoints of replica groups are not "
-                                                         "supported yet"),
+    (["sync.strategy.name=ma", "sharding.types=[data_parallel]"],
+     r"sharding.types: \['data_parallel'\] cannot shard inside replica groups"),
+    (["sync.strategy.name=ma", "sharding.types=[table_column_wise]"],
+     r"sharding.types: \['table_column_wise'\] cannot shard inside replica groups"),
     (["sharding.group_size=3"], "must divide the job's 4 ranks"),
 ])
 def test_check_sharding_refuses_what_replica_groups_cannot_run(overrides: list[str],
@@ -176,6 +180,11 @@ def _failing_embedding_round(rank: int, world_size: int, on_failure: str) -> dic
     try:
         summary = trainer.train()
     except Exception as e:  # noqa: BLE001 (what each rank raised is the result)
+        # stay until every rank has its error: a rank that left would close its sockets
+        # under a peer still waiting for its abort round
+        store = dist.distributed_c10d._get_default_store()
+        store.set(f"failed {rank}", "1")
+        store.wait([f"failed {r}" for r in range(world_size)], timedelta(seconds=60))
         return {"raised": f"{type(e).__name__}: {e}"}
     shards = torch.cat([w.detach().flatten() for w in embedding_shards(trainer.dmp)])
     dense = torch.cat([p.detach().flatten() for p in dense_parameters(trainer.dmp).values()])
@@ -206,3 +215,47 @@ def test_a_failed_embedding_round_degrades_and_rejoins() -> None:
         assert torch.equal(r["dense"], results[0]["dense"])
     assert torch.equal(results[0]["shards"], results[2]["shards"])
     assert torch.equal(results[1]["shards"], results[3]["shards"])
+
+
+def _resume(rank: int, world_size: int, root: str) -> dict[str, Any]:
+    env = init_distributed(60)
+    common = TINY + FIXED_RATE_1[:2] + ["sync.schedule.period=5", "checkpoint.every_steps=12",
+                                        "eval.every_steps=12"]
+
+    def trainer(steps: int, ckpt_dir: str) -> Trainer:
+        cfg = load_config("synthetic", common + [f"train.steps={steps}",
+                                                 f"checkpoint.dir={ckpt_dir}"])
+        return Trainer(RunContext.of(cfg, env), build_dataset(cfg.data.name, **cfg.data.options))
+
+    def state(t: Trainer) -> list[torch.Tensor]:
+        return [_flat(list(dense_parameters(t.dmp).values())), _flat(embedding_shards(t.dmp))]
+
+    straight = trainer(24, f"{root}/straight")
+    full = straight.train()
+    first = trainer(12, f"{root}/interrupted")
+    before = first.train()
+    saved = state(first)
+    resumed = trainer(24, f"{root}/interrupted")
+    assert resumed.maybe_resume()
+    at_resume = state(resumed)
+    after = resumed.train()
+    return {"full": full, "before": before, "after": after, "saved": saved,
+            "at_resume": at_resume, "straight": state(straight), "resumed": state(resumed)}
+
+
+def test_a_checkpoint_of_replica_groups_resumes_exactly(tmp_path: Any) -> None:
+    """Each shard is written once (DCP saves a replicated shard from one replica), the same
+    layout resumes it exactly, and training goes on as if uninterrupted."""
+    results = run_ranks(functools.partial(_resume, root=str(tmp_path)), world_size=4,
+                        timeout_s=240)
+    for r in results:
+        for got, want in zip(r["at_resume"], r["saved"], strict=True):
+            assert torch.equal(got, want)
+        for got, want in zip(r["resumed"], r["straight"], strict=True):
+            assert torch.equal(got, want)
+        for key in ("eval_auc", "eval_ne", "step"):
+            assert r["after"][key] == r["full"][key], key
+    step = tmp_path / "interrupted" / "step_00000012"
+    table_bytes = 26 * 2000 * 8 * 4
+    written = sum(f.stat().st_size for f in step.glob("*.distcp"))
+    assert table_bytes <= written < 1.2 * table_bytes, (written, table_bytes)
