@@ -10,6 +10,7 @@ from torch import Tensor
 
 from shadowsync.sync.config import SyncConfig
 from shadowsync.sync.round import ReplicaSet
+from shadowsync.sync.rows import by_rows
 from shadowsync.sync.runner import FixedRateOptions, FixedRateSyncRunner, OnFailure, SyncRunner
 from shadowsync.sync.shadow import ShadowOptions, ShadowSyncRunner
 from shadowsync.sync.strategies import ModelAveraging, make_strategy
@@ -24,15 +25,21 @@ def replica_sets(cfg: SyncConfig, dense: list[Tensor], shards: list[Tensor],
     and, with replica groups (``shard_group``: this rank's, one or none), this rank's
     embedding ``shards`` by the same strategy and their optimizer's ``shard_state`` by model
     averaging whatever the strategy (per-row statistics, not parameters: averaged as
-    TorchRec's DMPCollection syncs them, so the replicas' step sizes agree)."""
+    TorchRec's DMPCollection syncs them, so the replicas' step sizes agree). A model-averaged
+    set of at least :data:`~.rows.WHOLE_BELOW_BYTES` goes by its changed rows."""
     strategy = make_strategy(cfg)
     sets = [ReplicaSet(dense, strategy)]
     for group in shard_group:
         if shards:
-            sets.append(ReplicaSet(shards, make_strategy(cfg), "embedding", group))
+            ours = make_strategy(cfg)
+            rows = (type(ours) is ModelAveraging and ours.wire_dtype in (None, shards[0].dtype)
+                    and by_rows(shards))
+            sets.append(ReplicaSet(shards, ours, "embedding", group, rows))
         if shard_state:
-            sets.append(ReplicaSet(shard_state, ModelAveraging(strategy.wire_dtype),
-                                   "embedding optimizer state", group))
+            rows = by_rows(shard_state)
+            sets.append(ReplicaSet(shard_state, ModelAveraging(None if rows else
+                                                               strategy.wire_dtype),
+                                   "embedding optimizer state", group, rows))
     return sets
 
 

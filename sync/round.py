@@ -15,6 +15,9 @@ stage   what                                     method        shadow thread   f
 3       a SUM-allreduce per wire: the first      ``exchange``  sync            training
         with the control slots (:mod:`.protocol`)
 4       each strategy's ``delta``                ``exchange``  sync            training
+2-4     a set that goes by rows: its changed     ``exchange``  sync            training
+        rows at 2, then its own two collectives
+        after the wires (:mod:`.rows`)
 5       hand back the :class:`Result`            (runner)      sync -> train   (returned)
 6       add each delta to its live tensors       ``apply``     training        training
 ======  =======================================  ============  ==============  ===============
@@ -47,7 +50,8 @@ from shadowsync.sync.protocol import (
     check_params,
     views,
 )
-from shadowsync.sync.strategies import SyncStrategy
+from shadowsync.sync.rows import RowExchange
+from shadowsync.sync.strategies import ModelAveraging, SyncStrategy
 from shadowsync.sync.telemetry import Telemetry
 
 __all__ = ["Job", "ReplicaSet", "Result", "Round"]
@@ -90,10 +94,13 @@ class ReplicaSet:
         group: the ranks that hold replicas of these tensors (None: the runner's group, every
             rank); a group of its own is a sync group like the runner's, made on every rank
             in the same order (:func:`~.protocol.new_sync_group`).
+        rows: average by the rows that changed (:mod:`.rows`; model averaging only), not
+            as a payload of the group's wire.
     """
 
     def __init__(self, params: Sequence[Tensor], strategy: SyncStrategy,
-                 name: str = "dense", group: dist.ProcessGroup | None = None) -> None:
+                 name: str = "dense", group: dist.ProcessGroup | None = None,
+                 rows: bool = False) -> None:
         if not isinstance(strategy, SyncStrategy):
             raise TypeError(f"strategy must be a SyncStrategy, got {type(strategy).__name__}")
         self.params = check_params(params)
@@ -101,6 +108,12 @@ class ReplicaSet:
         self.name = name
         self.group = group
         first = self.params[0]
+        if rows and not (type(strategy) is ModelAveraging
+                         and strategy.wire_dtype in (None, first.dtype)):
+            raise ValueError(f"the {name} set: only model averaging in the parameters' own "
+                             f"dtype goes by rows, not {type(strategy).__name__} "
+                             f"(wire dtype {strategy.wire_dtype})")
+        self.rows = rows
         self.snapshot = torch.empty(sum(p.numel() for p in self.params), dtype=first.dtype,
                                     device=first.device)
         self.views = views(self.snapshot, self.params)
@@ -124,21 +137,25 @@ class Round:
             first is the runner's group and carries the control slots.
         telemetry: counts each round's bytes, time and its landing.
         stream: the side stream stages 1-4 run on (CUDA), or None.
+        rows: the exchanges of the sets that go by rows, in the sets' order.
     """
 
     def __init__(self, replicas: Sequence[ReplicaSet], wires: Sequence[Wire],
-                 telemetry: Telemetry, stream: torch.cuda.Stream | None = None) -> None:
+                 telemetry: Telemetry, stream: torch.cuda.Stream | None = None,
+                 rows: Sequence[RowExchange] = ()) -> None:
         self.replicas = list(replicas)
         self.wires = list(wires)
         main = self.wires[0].group
-        self._lanes = [[i for i, r in enumerate(self.replicas) if (r.group or main) is w.group]
-                       for w in self.wires]
+        self._lanes = [[i for i, r in enumerate(self.replicas)
+                        if not r.rows and (r.group or main) is w.group] for w in self.wires]
+        self._rows = dict(zip([i for i, r in enumerate(self.replicas) if r.rows], rows,
+                              strict=True))
         for wire, lane in zip(self.wires, self._lanes, strict=True):
             sizes = tuple(self.replicas[i].snapshot.numel() for i in lane)
             if sizes != wire.layout.sizes:
                 raise ValueError(f"a wire's layout {wire.layout.sizes} does not fit its replica "
                                  f"sets {sizes}")
-        if sum(map(len, self._lanes)) != len(self.replicas):
+        if sum(map(len, self._lanes)) + len(self._rows) != len(self.replicas):
             raise ValueError("every replica set's group needs a wire of its own")
         self.stream = stream
         self._telemetry = telemetry
@@ -151,7 +168,15 @@ class Round:
     @property
     def in_collective(self) -> bool:
         """Any thread: whether this rank's part of the round is in one of its collectives."""
-        return any(w.state is WireState.IN_COLLECTIVE for w in self.wires)
+        return any(w.state is WireState.IN_COLLECTIVE for w in self._collectives())
+
+    def reopen(self) -> None:
+        """The runner starts again (see :meth:`.protocol.Wire.reopen`)."""
+        for w in self._collectives():
+            w.reopen()
+
+    def _collectives(self) -> list[Wire | RowExchange]:
+        return [*self.wires, *self._rows.values()]
 
     @staticmethod
     def layout(replicas: Sequence[ReplicaSet]) -> Layout:
@@ -163,22 +188,27 @@ class Round:
         first = replicas[0].snapshot
         return Layout(tuple(r.snapshot.numel() for r in replicas), dtypes.pop(), first.device)
 
-    @staticmethod
-    def plan_wires(replicas: Sequence[ReplicaSet], group: dist.ProcessGroup,
-                   chunk_bytes: int | None, clock: Clock) -> list[Wire]:
-        """The wires ``replicas`` travel on: ``group``'s first, then each set's own group in
-        the order the sets name them (the same on every rank)."""
+    @classmethod
+    def of(cls, replicas: Sequence[ReplicaSet], group: dist.ProcessGroup,
+           chunk_bytes: int | None, clock: Clock, telemetry: Telemetry,
+           stream: torch.cuda.Stream | None = None) -> Round:
+        """The round of ``replicas``: its wires (``group``'s first, then each set's own group
+        in the order the sets name them, the same on every rank) and an exchange for each
+        set that goes by rows."""
+        whole = [r for r in replicas if not r.rows]
         groups = [group]
-        for r in replicas:
+        for r in whole:
             if r.group is not None and all(r.group is not g for g in groups):
                 groups.append(r.group)
         wires = []
         for g in groups:
-            lane = [r for r in replicas if (r.group or group) is g]
+            lane = [r for r in whole if (r.group or group) is g]
             layout = (Round.layout(lane) if lane else
                       dataclasses.replace(Round.layout(replicas), sizes=()))
             wires.append(Wire(layout, g, chunk_bytes, clock))
-        return wires
+        rows = [RowExchange(r.params, r.group or group, chunk_bytes, clock)
+                for r in replicas if r.rows]
+        return cls(replicas, wires, telemetry, stream, rows)
 
     # ------------------------------------------------------------------ 1. snapshot
     @torch.no_grad()
@@ -203,9 +233,13 @@ class Round:
         pending = [r for r in self.replicas if not r.initialized]
         if pending:
             self.snapshot()
-        for wire, lane in zip(self.wires, self._lanes, strict=True):
-            for r in (self.replicas[i] for i in lane if not self.replicas[i].initialized):
-                r.strategy.init(r.snapshot, wire.world)
+        worlds = {i: w.world for w, lane in zip(self.wires, self._lanes, strict=True)
+                  for i in lane} | {i: x.world for i, x in self._rows.items()}
+        for i, r in enumerate(self.replicas):
+            if not r.initialized:
+                r.strategy.init(r.snapshot, worlds[i])
+                if i in self._rows:
+                    self._rows[i].init(r.snapshot)
                 r.initialized = True
 
     # ------------------------------------------------------------------ 2-4. exchange
@@ -216,7 +250,9 @@ class Round:
         for r in self.replicas:
             self._check_finite(r.snapshot, f"the {r.name} replica", job.step)
         with record_function("shadowsync.reduce_input"):
-            payloads = [r.strategy.reduce_input(r.snapshot) for r in self.replicas]
+            payloads = {i: self.replicas[i].strategy.reduce_input(self.replicas[i].snapshot)
+                        for lane in self._lanes for i in lane}
+            changed = {i: x.changed(self.replicas[i].snapshot) for i, x in self._rows.items()}
         agreement = self.wire.allreduce([payloads[i] for i in self._lanes[0]], control,
                                         pause_between_chunks)
         reduced = dict(zip(self._lanes[0], self.wire.payloads, strict=True))
@@ -225,9 +261,14 @@ class Round:
                                          pause_between_chunks)
             agreement = agreement.with_lane(lane_agreed)
             reduced.update(zip(lane, wire.payloads, strict=True))
+        by_rows = {}
+        for i, exchange in self._rows.items():
+            by_rows[i], lane_agreed = exchange.exchange(self.replicas[i].snapshot, changed[i],
+                                                        pause_between_chunks)
+            agreement = agreement.with_lane(lane_agreed)
         self._telemetry.reduced(agreement)
         with record_function("shadowsync.delta"):
-            deltas = [r.strategy.delta(r.snapshot, reduced[i])
+            deltas = [by_rows[i] if i in by_rows else r.strategy.delta(r.snapshot, reduced[i])
                       for i, r in enumerate(self.replicas)]
         for r, delta in zip(self.replicas, deltas, strict=True):
             self._check_finite(delta, f"the {r.name} delta", job.step)
@@ -257,14 +298,19 @@ class Round:
         the same bits."""
         with record_function("shadowsync.consensus"):
             self.snapshot()
-            for lane, wire in zip(self._lanes, self.wires, strict=True):
+            lanes = [(lane, wire.like(self.replicas[0].snapshot.dtype))
+                     for lane, wire in zip(self._lanes, self.wires, strict=True)]
+            lanes += [([i], Wire(Round.layout([self.replicas[i]]), x.group, None, x.clock))
+                      for i, x in self._rows.items()]
+            for lane, full in lanes:
                 sets = [self.replicas[i] for i in lane]
-                full = wire.like(self.replicas[0].snapshot.dtype)
                 full.allreduce([r.strategy.consensus_input(r.snapshot) for r in sets], Control())
-                for r, reduced in zip(sets, full.payloads, strict=True):
+                for i, r, reduced in zip(lane, sets, full.payloads, strict=True):
                     model = r.strategy.consensus(reduced)
                     self._check_finite(model, f"the {r.name} consensus model", step)
                     r.overwrite(model)
+                    if i in self._rows:
+                        self._rows[i].landed(model)
 
     def _check_finite(self, t: Tensor, what: str, step: int) -> None:
         """Raises :class:`~.errors.NonFiniteError` if ``t`` holds NaN or inf (one fused

@@ -100,8 +100,7 @@ class SyncRunner(abc.ABC):
         device = sets[0].snapshot.device
         stream = (torch.cuda.Stream(device) if self.SIDE_STREAM and device.type == "cuda"
                   else None)
-        self._round = Round(sets, Round.plan_wires(sets, group, chunk_bytes, self._clock),
-                            self._telemetry, stream)
+        self._round = Round.of(sets, group, chunk_bytes, self._clock, self._telemetry, stream)
         self._lifecycle = lifecycle(self.TABLE)
         self._failure: SyncError | None = None
         self._on_failure = on_failure
@@ -136,8 +135,7 @@ class SyncRunner(abc.ABC):
         live replicas, later ones resume with it."""
         self._move("start")
         self._round.init()
-        for wire in self._round.wires:
-            wire.reopen()
+        self._round.reopen()
         self._step_busy = False
         self._telemetry.started()
 

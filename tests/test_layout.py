@@ -18,6 +18,7 @@ from shadowsync.pipelines.config import load_config
 from shadowsync.pipelines.context import RunContext
 from shadowsync.pipelines.layout import ReplicaGroups
 from shadowsync.pipelines.train import Trainer, init_distributed, plan_ranks
+from shadowsync.sync import rows
 from shadowsync.sync.wrapper import dense_parameters, embedding_shards
 from shadowsync.testing import run_ranks
 from tests.test_train import SMALL
@@ -156,7 +157,7 @@ def test_without_synchronization_the_groups_replicas_drift_apart() -> None:
 
 
 def _failing_embedding_round(rank: int, world_size: int, on_failure: str) -> dict[str, Any]:
-    """Rank 2's embedding strategy raises in its third round (the dense set's rounds run)."""
+    """Rank 2's embedding round raises in its third round (the dense set's rounds run)."""
     env = init_distributed(60)
     cfg = load_config("synthetic", TINY + [
         "sync.strategy.name=ma", "sync.schedule.mode=shadow", "sync.schedule.max_staleness=1",
@@ -165,18 +166,17 @@ def _failing_embedding_round(rank: int, world_size: int, on_failure: str) -> dic
     trainer = Trainer(RunContext.of(cfg, env), build_dataset(cfg.data.name, **cfg.data.options))
     runner = trainer.wrapper.runner  # type: ignore[attr-defined]
     embedding = [r for r in runner.replicas if r.name == "embedding"]
-    assert len(embedding) == 1
+    assert len(embedding) == 1 and embedding[0].rows  # model averaging goes by rows
     if rank == 2:
-        strategy, calls = embedding[0].strategy, [0]
-        reduce_input = strategy.reduce_input
+        calls, changed = [0], rows.changed_rows
 
-        def failing(snapshot: torch.Tensor) -> torch.Tensor:
+        def failing(*args: Any) -> torch.Tensor:
             calls[0] += 1
-            if calls[0] == 3:
+            if calls[0] == 5:  # the shards' exchange of the third round
                 raise RuntimeError("injected embedding round failure")
-            return reduce_input(snapshot)
+            return changed(*args)
 
-        strategy.reduce_input = failing
+        rows.changed_rows = failing  # type: ignore[assignment]
     try:
         summary = trainer.train()
     except Exception as e:  # noqa: BLE001 (what each rank raised is the result)

@@ -522,6 +522,50 @@ def test_a_round_carries_a_replica_set_of_a_replica_group() -> None:
             assert not torch.equal(everyone[0], everyone[1])
 
 
+def _changed_rows(rank: int, world_size: int) -> dict[str, Any]:
+    """A set averaged by rows on 3 ranks: each rank changes its own rows (row 1 on every
+    rank), one fixed-rate round; then a round in which nothing changed."""
+    group = new_sync_group()
+    gen = torch.Generator().manual_seed(7)  # the same start on every rank
+    table, sums = torch.randn(10, 4, generator=gen), torch.rand(10, generator=gen)
+    dense = [torch.randn(3, generator=gen)]
+    runner = FixedRateSyncRunner([ReplicaSet(dense, ModelAveraging()),
+                                  ReplicaSet([table, sums], ModelAveraging(), "rows",
+                                             rows=True)],
+                                 group, FixedRateOptions(period=1))
+    runner.start()  # identical replicas: what every rank expects
+    with torch.no_grad():
+        for t in (table, sums):
+            for row in (1, 2 + rank, 6 + rank % 2):  # rows 1..7 change somewhere, 8 and 9 not
+                t[row] += 0.1 * (rank + 1) + 0.01 * row
+    before = [table.double().clone(), sums.double().clone()]
+    runner.step()
+    first = runner.stats().bytes_reduced
+    after = [table.double().clone(), sums.double().clone()]
+    runner.step()  # nothing changed: the mask alone crosses
+    second = runner.stats().bytes_reduced - first
+    runner.stop(final_sync=False)
+    return {"before": before, "after": after, "bytes": [first, second]}
+
+
+def test_a_set_averaged_by_rows_carries_only_the_changed_rows() -> None:
+    """One round of a row set equals a float64 reference of the average of the rows any rank
+    changed, leaves every other row as it was, and sends those rows alone (plus a byte a
+    row); a round in which no row changed sends the byte-a-row mask and nothing else."""
+    results = run_ranks(_changed_rows, world_size=3, timeout_s=60)
+    changed = sorted({1, 2, 3, 4, 6, 7})
+    for r in results:
+        for i in (0, 1):
+            mean = torch.stack([x["before"][i] for x in results]).mean(0)
+            torch.testing.assert_close(r["after"][i][changed], mean[changed], rtol=0, atol=1e-6)
+            untouched = [5, 8, 9, 0]
+            assert torch.equal(r["after"][i][untouched], r["before"][i][untouched])
+        dense_wire = (3 + 3 + 3) * 4
+        mask_wire = (20 + 3 + 3) * 1  # a byte a row of both tensors
+        rows_wire = (len(changed) * (4 + 1) + 3 + 3) * 4
+        assert r["bytes"] == [dense_wire + mask_wire + rows_wire, dense_wire + mask_wire]
+
+
 SHADOW_STEPS = 150
 SHADOW_RUNS: dict[str, tuple[Callable[[], SyncStrategy] | None, dict[str, Any]]] = {
     "no sync": (None, {}),
