@@ -123,7 +123,8 @@ def run_job(out: Path, hosts: int, link: str, args: argparse.Namespace, command:
     command is kept beside its runs (``<job>.cmd``) for the report."""
     name = job_name(hosts, link, args.tag)
     raw = out / "raw" / f"{name}.json"
-    argv = ["-m", "shadowsync.benchmarks.bench_sync", "--config", args.config,
+    argv = [*(["--nproc_per_node", str(args.ranks_per_host)] if args.ranks_per_host > 1 else []),
+            "-m", "shadowsync.benchmarks.bench_sync", "--config", args.config,
             "--steps", str(args.steps), "--repeats", str(args.repeats),
             "--seeds", *map(str, args.seeds),
             *(["--interleave", str(args.interleave)] if args.interleave else []),
@@ -159,6 +160,9 @@ def run_job(out: Path, hosts: int, link: str, args: argparse.Namespace, command:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hosts", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--ranks-per-host", type=int, default=1, metavar="R",
+                        help="ranks on each host, sharing its link (with "
+                             "sharding.group_size=local: a replica group a host)")
     parser.add_argument("--links", nargs="+", default=["unlimited", "10gbit", "1gbit",
                                                        "200mbit"])
     parser.add_argument("--config", default="dlrm_reference")
@@ -214,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--bracket needs --interleave")
     if args.trace and not args.bracket:
         parser.error("--trace needs --interleave --bracket (steps are set against none's pace)")
+    if args.ranks_per_host < 1:
+        parser.error(f"--ranks-per-host must be >= 1, got {args.ranks_per_host}")
     if args.device_step_ms < 0 or not math.isfinite(args.device_step_ms):
         parser.error(f"--device-step-ms must be >= 0, got {args.device_step_ms}")
     if args.chunk_ms is None:
