@@ -396,7 +396,8 @@ def run_interleaved(
             raise RuntimeError(f"training ended after {summary['step']} of {steps} steps")
         seconds = torch.tensor([t.seconds for t in turns], dtype=torch.float64)
         dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
-        sent = torch.tensor([t.tx_bytes for t in turns], dtype=torch.float64)
+        sent = torch.tensor([t.tx_bytes * (env.local_rank == 0) for t in turns],  # a host once
+                            dtype=torch.float64)
         dist.all_reduce(sent)
         on_wire = _tx_bytes() is not None
         examples = block * cfg.train.batch_size * env.world_size
