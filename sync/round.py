@@ -242,6 +242,13 @@ class Round:
                     self._rows[i].init(r.snapshot)
                 r.initialized = True
 
+    def restored(self) -> None:
+        """The live tensors were restored (identical on every rank): the sets that go by
+        rows expect them."""
+        self.snapshot()
+        for i, x in self._rows.items():
+            x.init(self.replicas[i].snapshot)
+
     # ------------------------------------------------------------------ 2-4. exchange
     def exchange(self, job: Job, control: Control,
                  pause_between_chunks: Callable[[float], float] | None = None) -> Result:

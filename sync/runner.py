@@ -202,6 +202,7 @@ class SyncRunner(abc.ABC):
                            f"{[r.name for r in self.replicas]}")
         for r in self.replicas:
             r.strategy.load_state_dict(states[r.name])
+        self._round.restored()
         self._telemetry.load_state_dict(state_dict["counters"])
 
     # ------------------------------------------------------------------ failures
