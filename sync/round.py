@@ -133,7 +133,7 @@ class Round:
 
     Args:
         replicas: the sets a round carries, each a payload of its group's wire in turn.
-        wires: one per group, in the order every rank sends them (:meth:`plan_wires`); the
+        wires: one per group, in the order every rank sends them (:meth:`of` makes them); the
             first is the runner's group and carries the control slots.
         telemetry: counts each round's bytes, time and its landing.
         stream: the side stream stages 1-4 run on (CUDA), or None.
@@ -245,7 +245,8 @@ class Round:
     def restored(self) -> None:
         """The live tensors were restored (identical on every rank): the sets that go by
         rows expect them."""
-        self.snapshot()
+        if self._rows:
+            self.snapshot()
         for i, x in self._rows.items():
             x.init(self.replicas[i].snapshot)
 
