@@ -32,14 +32,13 @@ def replica_sets(cfg: SyncConfig, dense: list[Tensor], shards: list[Tensor],
     for group in shard_group:
         if shards:
             ours = make_strategy(cfg)
-            rows = (type(ours) is ModelAveraging and ours.wire_dtype in (None, shards[0].dtype)
-                    and by_rows(shards))
-            sets.append(ReplicaSet(shards, ours, "embedding", group, rows))
+            sets.append(ReplicaSet(shards, ours, "embedding", group, by_rows(ours, shards)))
         if shard_state:
-            rows = by_rows(shard_state)
-            sets.append(ReplicaSet(shard_state, ModelAveraging(None if rows else
-                                                               strategy.wire_dtype),
-                                   "embedding optimizer state", group, rows))
+            averaging = ModelAveraging()  # in the state's own dtype: it goes by rows if large
+            if not by_rows(averaging, shard_state):
+                averaging = ModelAveraging(strategy.wire_dtype)  # whole, on the shards' wire
+            sets.append(ReplicaSet(shard_state, averaging, "embedding optimizer state", group,
+                                   by_rows(averaging, shard_state)))
     return sets
 
 

@@ -50,8 +50,8 @@ from shadowsync.sync.protocol import (
     check_params,
     views,
 )
-from shadowsync.sync.rows import RowExchange
-from shadowsync.sync.strategies import ModelAveraging, SyncStrategy
+from shadowsync.sync.rows import RowExchange, can_go_by_rows
+from shadowsync.sync.strategies import SyncStrategy
 from shadowsync.sync.telemetry import Telemetry
 
 __all__ = ["Job", "ReplicaSet", "Result", "Round"]
@@ -108,8 +108,7 @@ class ReplicaSet:
         self.name = name
         self.group = group
         first = self.params[0]
-        if rows and not (type(strategy) is ModelAveraging
-                         and strategy.wire_dtype in (None, first.dtype)):
+        if rows and not can_go_by_rows(strategy, self.params):
             raise ValueError(f"the {name} set: only model averaging in the parameters' own "
                              f"dtype goes by rows, not {type(strategy).__name__} "
                              f"(wire dtype {strategy.wire_dtype})")

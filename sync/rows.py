@@ -28,8 +28,10 @@ from torch import Tensor
 
 from shadowsync.sync.clock import Clock
 from shadowsync.sync.protocol import Agreement, Control, Layout, Wire, WireState, views
+from shadowsync.sync.strategies import ModelAveraging, SyncStrategy
 
-__all__ = ["WHOLE_BELOW_BYTES", "RowExchange", "by_rows", "changed_rows", "row_delta"]
+__all__ = ["WHOLE_BELOW_BYTES", "RowExchange", "by_rows", "can_go_by_rows", "changed_rows",
+           "row_delta"]
 
 # A set smaller than this goes whole: the mask's extra collective costs a round trip or two
 # (gloo's allreduce, ~0.1-0.3 ms on a LAN), about what 64 KiB take on a 1-3 Gbit/s link, so
@@ -144,8 +146,15 @@ class RowExchange:
         return delta, agreed
 
 
-def by_rows(params: Sequence[Tensor]) -> bool:
-    """Whether a model-averaged set of ``params`` goes by its changed rows (tensors of rows,
-    at least :data:`WHOLE_BELOW_BYTES` of them) rather than whole."""
+def can_go_by_rows(strategy: SyncStrategy, params: Sequence[Tensor]) -> bool:
+    """Whether ``strategy`` leaves a row nobody changed as it is: model averaging, in the
+    parameters' own dtype, of tensors of rows."""
+    return (type(strategy) is ModelAveraging and strategy.wire_dtype in (None, params[0].dtype)
+            and all(p.dim() >= 1 for p in params))
+
+
+def by_rows(strategy: SyncStrategy, params: Sequence[Tensor]) -> bool:
+    """Whether a set of ``params`` averaged by ``strategy`` goes by its changed rows
+    (:func:`can_go_by_rows`, and at least :data:`WHOLE_BELOW_BYTES`) rather than whole."""
     nbytes = sum(p.numel() * p.element_size() for p in params)
-    return nbytes >= WHOLE_BELOW_BYTES and all(p.dim() >= 1 for p in params)
+    return nbytes >= WHOLE_BELOW_BYTES and can_go_by_rows(strategy, params)
