@@ -3,33 +3,49 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
+from datetime import timedelta
 
 import torch.distributed as dist
 from torch import Tensor
 
 from shadowsync.sync.config import SyncConfig
+from shadowsync.sync.protocol import Levels, new_sync_group
 from shadowsync.sync.round import ReplicaSet
 from shadowsync.sync.rows import by_rows
 from shadowsync.sync.runner import FixedRateOptions, FixedRateSyncRunner, OnFailure, SyncRunner
 from shadowsync.sync.shadow import ShadowOptions, ShadowSyncRunner
 from shadowsync.sync.strategies import ModelAveraging, make_strategy
 
-__all__ = ["new_runner", "replica_sets"]
+__all__ = ["new_runner", "replica_sets", "sync_groups"]
+
+
+def sync_groups(cfg: SyncConfig, partition: Sequence[Sequence[int]] | None,
+                ) -> list[dist.ProcessGroup]:
+    """Collective, on every rank in the same order: a fresh sync group over every rank and,
+    with replica groups (``partition``: the ranks that hold the same shards, one part each),
+    this rank's replica group and its layout group (a host's ranks: the parts' members at
+    one index)."""
+    t = cfg.transport
+    make = functools.partial(new_sync_group, t.backend, timedelta(seconds=cfg.failure.timeout_s),
+                             t.socket_ifname)
+    rows = [list(r) for r in zip(*partition, strict=True)] if partition else []
+    return [make()] + ([make(partition=partition), make(partition=rows)] if partition else [])
 
 
 def replica_sets(cfg: SyncConfig, dense: list[Tensor], shards: list[Tensor],
-                 shard_state: list[Tensor],
-                 shard_group: Sequence[dist.ProcessGroup]) -> list[ReplicaSet]:
-    """What a runner of ``cfg`` synchronizes: the ``dense`` replica over the runner's group
-    and, with replica groups (``shard_group``: this rank's, one or none), this rank's
+                 shard_state: list[Tensor], groups: Sequence[dist.ProcessGroup],
+                 ) -> list[ReplicaSet]:
+    """What a runner of ``cfg`` on ``groups`` (:func:`sync_groups`) synchronizes: the
+    ``dense`` replica over every rank and, with replica groups, this rank's
     embedding ``shards`` by the same strategy and their optimizer's ``shard_state`` by model
     averaging whatever the strategy (per-row statistics, not parameters: averaged as
     TorchRec's DMPCollection syncs them, so the replicas' step sizes agree). A model-averaged
     set of at least :data:`~.rows.WHOLE_BELOW_BYTES` goes by its changed rows."""
     strategy = make_strategy(cfg)
     sets = [ReplicaSet(dense, strategy)]
-    for group in shard_group:
+    for group in groups[1:2]:
         if shards:
             ours = make_strategy(cfg)
             sets.append(ReplicaSet(shards, ours, "embedding", group, by_rows(ours, shards)))
@@ -42,9 +58,11 @@ def replica_sets(cfg: SyncConfig, dense: list[Tensor], shards: list[Tensor],
     return sets
 
 
-def new_runner(cfg: SyncConfig, replicas: list[ReplicaSet], group: dist.ProcessGroup,
+def new_runner(cfg: SyncConfig, replicas: list[ReplicaSet], groups: Sequence[dist.ProcessGroup],
                on_failure: OnFailure | None) -> SyncRunner:
-    """A runner of ``cfg``'s mode over ``replicas`` on ``group``, not started."""
+    """A runner of ``cfg``'s mode over ``replicas`` on ``groups`` (:func:`sync_groups`; with
+    replica groups its dense round sums in :class:`~.protocol.Levels`), not started."""
+    group = Levels(groups[0], groups[2], groups[1]) if len(groups) == 3 else groups[0]
     schedule = cfg.schedule
     if schedule.mode == "fixed_rate":
         return FixedRateSyncRunner(replicas, group, FixedRateOptions(

@@ -34,6 +34,10 @@ OPEN           ``reopen``    OPEN
 Only an OPEN wire may carry a round, or this rank's abort round: in every other state its peers
 know already, are gone, or cannot be reached.
 
+With replica groups the group's sum goes in two levels (:class:`Levels`: inside a host, then
+across hosts by slices), so a host sends one copy across, not one per rank; the buffer and
+its bits on every rank are those of the one allreduce, up to the order of the additions.
+
 Also here: the flat-buffer helpers (:func:`broadcast_`, :func:`average_`) and
 :func:`new_sync_group`.
 """
@@ -56,8 +60,8 @@ from shadowsync.sync.clock import Clock
 from shadowsync.sync.errors import CollectiveFailed, PeerAborted
 from shadowsync.sync.machine import Machine
 
-__all__ = ["MAX_PAUSE_STEPS", "WIRE", "Agreement", "Control", "Layout", "Wire", "WireState",
-           "average_", "broadcast_", "check_params", "new_sync_group", "views"]
+__all__ = ["MAX_PAUSE_STEPS", "WIRE", "Agreement", "Control", "Layout", "Levels", "Wire",
+           "WireState", "average_", "broadcast_", "check_params", "new_sync_group", "views"]
 
 # The control slots after the payload; the abort flags start at _FLAGS.
 _STOP, _PAUSE, _CHUNK, _FLAGS = range(4)
@@ -169,31 +173,62 @@ class Layout:
     device: torch.device
 
 
+@dataclasses.dataclass(frozen=True)
+class Levels:
+    """``group`` summed in two levels, so that a host's ranks send one copy across between
+    them, not one each.
+
+    The group's ranks form a grid: ``inside`` is this rank's row (a host's ranks: a replica
+    group's layout group), ``across`` its column (the ranks at this rank's index in every
+    row). Each chunk is summed inside, then each rank of a row sums its own slice of it
+    across, then the slices are summed inside again, each nonzero on one rank of the row:
+    every rank ends with the same bits. Only allreduces, which gloo runs on CPU and CUDA
+    tensors alike. With H rows a row sends ``2 (H - 1) / H`` copies of the buffer across a
+    round (gloo's ring inside each level), where one ring over the whole group's W ranks
+    sends ``2 (W - 1) / W`` across each row's boundary (1.5 copies for 2 rows of 2, not 1).
+    """
+
+    group: dist.ProcessGroup
+    inside: dist.ProcessGroup
+    across: dist.ProcessGroup
+
+    def __post_init__(self) -> None:
+        inside, across = dist.get_world_size(self.inside), dist.get_world_size(self.across)
+        if inside * across != dist.get_world_size(self.group):
+            raise ValueError(f"levels of {inside} ranks inside and {across} across do not make "
+                             f"the group's {dist.get_world_size(self.group)} ranks")
+
+
 class Wire:
     """One round's buffer and its chunked allreduce on ``group``; its state (see the module's
     table) is safe to read from any thread.
 
     Args:
         layout: the payloads the buffer carries.
-        group: the synchronizer's process group.
+        group: the synchronizer's process group, or :class:`Levels` over it (the buffer is then
+            padded with zeros to a multiple of a row's ranks, and so is each chunk).
         chunk_bytes: the most bytes one collective carries (None: one collective a round).
         clock: times the allreduce; paces the pauses between chunks.
     """
 
-    def __init__(self, layout: Layout, group: dist.ProcessGroup, chunk_bytes: int | None,
-                 clock: Clock) -> None:
+    def __init__(self, layout: Layout, group: dist.ProcessGroup | Levels,
+                 chunk_bytes: int | None, clock: Clock) -> None:
         if chunk_bytes is not None and chunk_bytes < 16:
             raise ValueError(f"chunk_bytes must be >= 16 or None, got {chunk_bytes}")
         self.layout = layout
-        self.group = group
-        self.rank = dist.get_rank(group)
-        self.world = dist.get_world_size(group)
+        self.levels = group if isinstance(group, Levels) else None
+        self.group = group.group if isinstance(group, Levels) else group
+        self.rank = dist.get_rank(self.group)
+        self.world = dist.get_world_size(self.group)
+        row = 1 if self.levels is None else dist.get_world_size(self.levels.inside)
         self.numel = sum(layout.sizes)
-        self.buffer = torch.empty(self.numel + _FLAGS + self.world, dtype=layout.dtype,
+        slots = self.numel + _FLAGS + self.world
+        self.buffer = torch.zeros(-(-slots // row) * row, dtype=layout.dtype,
                                   device=layout.device)
+        self._slots = slice(self.numel, slots)
         self._chunk_bytes = chunk_bytes
         self._chunk_numel = (self.buffer.numel() if chunk_bytes is None
-                             else max(1, chunk_bytes // self.buffer.element_size()))
+                             else max(1, chunk_bytes // self.buffer.element_size() // row) * row)
         self._clock = clock
         self._machine = Machine(WIRE, WireState.OPEN)
 
@@ -213,8 +248,8 @@ class Wire:
 
     def like(self, dtype: torch.dtype) -> Wire:
         """A wire of the same layout and group in ``dtype`` (the consensus: full precision)."""
-        return Wire(dataclasses.replace(self.layout, dtype=dtype), self.group, self._chunk_bytes,
-                    self._clock)
+        return Wire(dataclasses.replace(self.layout, dtype=dtype), self.levels or self.group,
+                    self._chunk_bytes, self._clock)
 
     def allreduce(self, payloads: Sequence[Tensor] | None, control: Control,
                   pause_between_chunks: Callable[[float], float] | None = None) -> Agreement:
@@ -237,7 +272,7 @@ class Wire:
                      min(max(control.pause_steps, 0.0), MAX_PAUSE_STEPS) / self.world,
                      control.chunk_s / self.world] + [0.0] * self.world
             slots[_FLAGS + self.rank] = float(control.abort)
-            buf[n:].copy_(torch.tensor(slots, dtype=buf.dtype))
+            buf[self._slots].copy_(torch.tensor(slots, dtype=buf.dtype))
             began = self._clock.now()
             paused, fastest = 0.0, math.inf
             chunks = buf.split(self._chunk_numel)
@@ -245,7 +280,7 @@ class Wire:
             for i, chunk in enumerate(chunks):
                 sent = self._clock.now()
                 try:
-                    dist.all_reduce(chunk, op=dist.ReduceOp.SUM, group=self.group)
+                    self._sum(chunk)
                 except BaseException as e:
                     self._machine.move("raise")
                     if isinstance(e, Exception):
@@ -254,7 +289,7 @@ class Wire:
                 fastest = min(fastest, self._clock.now() - sent)
                 if pause_between_chunks is not None and i + 1 < len(chunks):
                     paused += pause_between_chunks(fastest)
-            reduced = buf[n:].tolist()
+            reduced = buf[self._slots].tolist()
             comm_s = self._clock.now() - began - paused
         aborted = [dist.get_global_rank(self.group, r)
                    for r, flag in enumerate(reduced[_FLAGS:]) if flag > 0 and r != self.rank]
@@ -266,6 +301,20 @@ class Wire:
         return Agreement(stop=stop, pause_steps=math.ceil(reduced[_PAUSE] - 1e-3),
                          chunk_s=reduced[_CHUNK], comm_s=comm_s, paused_s=paused,
                          fastest_chunk_s=fastest, nbytes=buf.numel() * buf.element_size())
+
+    def _sum(self, chunk: Tensor) -> None:
+        """SUM ``chunk`` over the group in place: one allreduce, or by :class:`Levels`."""
+        if self.levels is None:
+            dist.all_reduce(chunk, op=dist.ReduceOp.SUM, group=self.group)
+            return
+        inside = self.levels.inside
+        dist.all_reduce(chunk, op=dist.ReduceOp.SUM, group=inside)
+        slices = chunk.view(dist.get_world_size(inside), -1)
+        mine = dist.get_rank(inside)
+        dist.all_reduce(slices[mine], op=dist.ReduceOp.SUM, group=self.levels.across)
+        slices[:mine].zero_()
+        slices[mine + 1:].zero_()
+        dist.all_reduce(chunk, op=dist.ReduceOp.SUM, group=inside)
 
 
 def _require_dist() -> None:

@@ -45,6 +45,7 @@ from shadowsync.sync.protocol import (
     Agreement,
     Control,
     Layout,
+    Levels,
     Wire,
     WireState,
     check_params,
@@ -188,14 +189,14 @@ class Round:
         return Layout(tuple(r.snapshot.numel() for r in replicas), dtypes.pop(), first.device)
 
     @classmethod
-    def of(cls, replicas: Sequence[ReplicaSet], group: dist.ProcessGroup,
+    def of(cls, replicas: Sequence[ReplicaSet], group: dist.ProcessGroup | Levels,
            chunk_bytes: int | None, clock: Clock, telemetry: Telemetry,
            stream: torch.cuda.Stream | None = None) -> Round:
-        """The round of ``replicas``: its wires (``group``'s first, then each set's own group
-        in the order the sets name them, the same on every rank) and an exchange for each
-        set that goes by rows."""
+        """The round of ``replicas``: its wires (``group``'s first, summed in its levels if
+        it has them, then each set's own group in the order the sets name them, the same on
+        every rank) and an exchange for each set that goes by rows."""
         whole = [r for r in replicas if not r.rows]
-        groups = [group]
+        groups: list[dist.ProcessGroup | Levels] = [group]
         for r in whole:
             if r.group is not None and all(r.group is not g for g in groups):
                 groups.append(r.group)
@@ -205,7 +206,8 @@ class Round:
             layout = (Round.layout(lane) if lane else
                       dataclasses.replace(Round.layout(replicas), sizes=()))
             wires.append(Wire(layout, g, chunk_bytes, clock))
-        rows = [RowExchange(r.params, r.group or group, chunk_bytes, clock)
+        flat = group.group if isinstance(group, Levels) else group
+        rows = [RowExchange(r.params, r.group or flat, chunk_bytes, clock)
                 for r in replicas if r.rows]
         return cls(replicas, wires, telemetry, stream, rows)
 

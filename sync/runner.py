@@ -46,7 +46,7 @@ from shadowsync.sync.clock import Clock, MonotonicClock
 from shadowsync.sync.config import check
 from shadowsync.sync.errors import PeerAborted, SyncError
 from shadowsync.sync.lifecycle import FIXED_RATE, SHADOW, State, lifecycle
-from shadowsync.sync.protocol import Control, Wire, WireState
+from shadowsync.sync.protocol import Control, Levels, Wire, WireState
 from shadowsync.sync.round import Job, ReplicaSet, Round
 from shadowsync.sync.telemetry import SyncStats, Telemetry
 
@@ -72,7 +72,8 @@ class SyncRunner(abc.ABC):
 
     Args:
         replicas: one replica set, or several that travel in the same rounds.
-        group: the synchronizer's process group (:func:`~.protocol.new_sync_group`).
+        group: the synchronizer's process group (:func:`~.protocol.new_sync_group`), or
+            :class:`~.protocol.Levels` over it (the dense round's sum in two levels).
         chunk_bytes: splits each allreduce into collectives of at most that many bytes.
         clock: what rounds are timed on (default: the real clock).
         on_failure: called once with this rank's own failure (not a peer's abort), from
@@ -83,13 +84,14 @@ class SyncRunner(abc.ABC):
     TABLE: ClassVar[dict[tuple[State, str], State]] = SHADOW
     SIDE_STREAM: ClassVar[bool] = False  # rounds run on a CUDA stream of their own
 
-    def __init__(self, replicas: Replicas, group: dist.ProcessGroup, chunk_bytes: int | None,
-                 clock: Clock | None, on_failure: OnFailure | None) -> None:
+    def __init__(self, replicas: Replicas, group: dist.ProcessGroup | Levels,
+                 chunk_bytes: int | None, clock: Clock | None,
+                 on_failure: OnFailure | None) -> None:
         if not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialized: call init_process_group "
                                "first")
-        if not isinstance(group, dist.ProcessGroup):
-            raise TypeError(f"group must be a ProcessGroup (see new_sync_group()), "
+        if not isinstance(group, dist.ProcessGroup | Levels):
+            raise TypeError(f"group must be a ProcessGroup (see new_sync_group()) or Levels, "
                             f"got {type(group).__name__}")
         sets = [replicas] if isinstance(replicas, ReplicaSet) else list(replicas)
         if not sets or not all(isinstance(r, ReplicaSet) for r in sets):
@@ -279,7 +281,7 @@ class FixedRateSyncRunner(SyncRunner):
 
     TABLE = FIXED_RATE
 
-    def __init__(self, replicas: Replicas, group: dist.ProcessGroup,
+    def __init__(self, replicas: Replicas, group: dist.ProcessGroup | Levels,
                  options: FixedRateOptions = FixedRateOptions(),
                  on_failure: OnFailure | None = None) -> None:
         super().__init__(replicas, group, options.chunk_bytes, options.clock, on_failure)

@@ -55,7 +55,7 @@ from shadowsync.sync.config import check
 from shadowsync.sync.errors import RoundStalled, SyncError
 from shadowsync.sync.handoff import HandOff, Slot
 from shadowsync.sync.pacing import CommShare, Interval, Pacer, Pacing, RoundTimes, SlowdownPacer
-from shadowsync.sync.protocol import Control
+from shadowsync.sync.protocol import Control, Levels
 from shadowsync.sync.round import Job, Result
 from shadowsync.sync.runner import OnFailure, Replicas, SyncRunner
 
@@ -131,7 +131,7 @@ class ShadowSyncRunner(SyncRunner):
 
     SIDE_STREAM = True
 
-    def __init__(self, replicas: Replicas, group: dist.ProcessGroup,
+    def __init__(self, replicas: Replicas, group: dist.ProcessGroup | Levels,
                  options: ShadowOptions = ShadowOptions(),
                  on_failure: OnFailure | None = None) -> None:
         super().__init__(replicas, group, options.chunk_bytes, options.clock, on_failure)

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import functools
 import logging
 import math
-from datetime import timedelta
 from typing import Any
 
 import torch
@@ -36,8 +34,8 @@ from shadowsync.sync.baselines import (
 from shadowsync.sync.config import SyncConfig
 from shadowsync.sync.errors import FailureSink, NonFiniteError, SyncError
 from shadowsync.sync.machine import Machine
-from shadowsync.sync.modes import new_runner, replica_sets
-from shadowsync.sync.protocol import average_, broadcast_, new_sync_group
+from shadowsync.sync.modes import new_runner, replica_sets, sync_groups
+from shadowsync.sync.protocol import average_, broadcast_
 from shadowsync.sync.runner import SyncRunner
 from shadowsync.sync.strategies import make_strategy
 
@@ -235,20 +233,16 @@ class ShadowSyncReplicas(LocalReplicas):
         self._phases.move("wrap")
 
     def _new_groups(self) -> list[dist.ProcessGroup]:
-        """A fresh sync group, and this rank's fresh replica group if any (collective)."""
-        t = self.cfg.transport
-        make = functools.partial(new_sync_group, t.backend,
-                                 timedelta(seconds=self.cfg.failure.timeout_s), t.socket_ifname)
-        groups = [make()] + ([make(partition=self._partition)] if self._partition else [])
+        """Fresh sync groups (collective; :func:`~.modes.sync_groups`)."""
+        groups = sync_groups(self.cfg, self._partition)
         self._groups.extend(groups)
         return groups
 
     def _new_runner(self, groups: list[dist.ProcessGroup]) -> SyncRunner:
         """The configured runner on ``groups`` (:meth:`_new_groups`), not started."""
         sets = replica_sets(self.cfg, list(self.params.values()), self._shards,
-                            self._shard_state, groups[1:])
-        return new_runner(self.cfg, sets, groups[0],
-                          None if self._failures is None else self._report)
+                            self._shard_state, groups)
+        return new_runner(self.cfg, sets, groups, None if self._failures is None else self._report)
 
     def close(self) -> None:
         """Destroys every sync group made (the first, one per merge), after :meth:`finish`."""

@@ -30,7 +30,9 @@ from torch.distributed.algorithms.model_averaging.averagers import PeriodicModel
 
 from shadowsync.sync.config import SyncConfig
 from shadowsync.sync.errors import SyncError
-from shadowsync.sync.protocol import broadcast_, new_sync_group
+from shadowsync.sync.clock import MonotonicClock
+from shadowsync.sync.errors import PeerAborted
+from shadowsync.sync.protocol import Control, Layout, Levels, Wire, broadcast_, new_sync_group
 from shadowsync.sync.round import ReplicaSet
 from shadowsync.sync.runner import FixedRateOptions, FixedRateSyncRunner
 from shadowsync.sync.shadow import ShadowOptions, ShadowSyncRunner
@@ -520,6 +522,56 @@ def test_a_round_carries_a_replica_set_of_a_replica_group() -> None:
         else:  # the shard: identical where it is held, another shard elsewhere
             assert torch.equal(everyone[0], everyone[2]) and torch.equal(everyone[1], everyone[3])
             assert not torch.equal(everyone[0], everyone[1])
+
+
+def _levels(rank: int, world_size: int) -> dict[str, Any]:
+    """A wire summed in two levels on 2 rows of 2 ([0, 1], [2, 3]) in chunks of 4 elements
+    (buffer 7 + 3 + 4 slots, padded to 14), beside the one allreduce; then rank 3's abort
+    round through the levels; and a grid that does not make the group."""
+    group = new_sync_group()
+    inside = new_sync_group(partition=[[0, 1], [2, 3]])
+    across = new_sync_group(partition=[[0, 2], [1, 3]])
+    levels = Levels(group, inside, across)
+    payload = torch.randn(7, generator=torch.Generator().manual_seed(7 + rank))
+    layout = Layout((7,), torch.float32, torch.device("cpu"))
+    wires = [Wire(layout, g, 20, MonotonicClock()) for g in (levels, group)]
+    agreed = [w.allreduce([payload], Control(pause_steps=2.0 * (rank + 1))) for w in wires]
+    sums = [w.payloads[0].clone() for w in wires]
+    gathered = [torch.empty(7) for _ in range(world_size)]
+    dist.all_gather(gathered, sums[0])
+    try:
+        wires[0].allreduce(None, Control(abort=rank == 3))
+        aborted = "no abort"
+    except PeerAborted as e:
+        aborted = str(e)
+    try:
+        Levels(group, inside, group)
+        grid = "accepted"
+    except ValueError as e:
+        grid = str(e)
+    return {"payload": payload.double(), "sums": sums, "gathered": gathered,
+            "pause": [a.pause_steps for a in agreed], "nbytes": agreed[0].nbytes,
+            "aborted": aborted, "grid": grid}
+
+
+def test_a_wire_in_two_levels_sums_like_one_allreduce_with_the_same_bits_everywhere() -> None:
+    """The sum in levels (inside a host, across by slices, inside again) equals a float64
+    reference and the one allreduce's, chunked and padded, with the same bits on every rank;
+    the control slots agree the same values, an abort flag reaches every peer through the
+    levels, and a grid that is not the group's is refused."""
+    results = run_ranks(_levels, world_size=4, timeout_s=90)
+    want = torch.stack([r["payload"] for r in results]).sum(0)
+    for rank, r in enumerate(results):
+        for got in r["sums"]:
+            torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-5)
+        assert all(torch.equal(r["gathered"][0], g) for g in r["gathered"]), rank
+        assert r["pause"] == [5, 5], r["pause"]  # the mean of 2, 4, 6, 8
+        assert r["nbytes"] == 4 * 14, r["nbytes"]
+        if rank == 3:
+            assert r["aborted"] == "no abort"
+        else:
+            assert r["aborted"].startswith("rank(s) [3] failed"), r["aborted"]
+        assert "levels of 2 ranks inside and 4 across do not make the group's 4" in r["grid"]
 
 
 def _changed_rows(rank: int, world_size: int) -> dict[str, Any]:
