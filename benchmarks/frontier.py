@@ -130,7 +130,8 @@ def run_job(out: Path, hosts: int, link: str, args: argparse.Namespace, command:
             *(["--interleave", str(args.interleave)] if args.interleave else []),
             *(["--bracket"] if args.bracket else []),
             *(["--trace"] if args.trace else []),
-            *(["--device-step-ms", f"{args.device_step_ms:g}"] if args.device_step_ms else []),
+            *(["--device-step-ms", *(f"{d:g}" for d in args.device_step_ms)]
+              if any(args.device_step_ms) else []),
             "--json", str(raw.resolve()),
             *[f"--arm={a}" for a in default_arms(
                 args.algorithm, args.periods, args.shadow, args.wires,
@@ -209,9 +210,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --interleave --bracket: time every step and mark the ones "
                              "synchronization touched (bench_sync --trace); the report then "
                              "shows where each arm's cost lands")
-    parser.add_argument("--device-step-ms", type=float, default=0.0, metavar="D",
+    parser.add_argument("--device-step-ms", type=float, nargs="+", default=[0.0], metavar="D",
                         help="emulated GPU trainers: every step of every arm waits D ms "
-                             "without a core or the GIL (bench_sync --device-step-ms)")
+                             "without a core or the GIL (bench_sync --device-step-ms); one D "
+                             "per host makes a straggler")
     parser.add_argument("overrides", nargs="*", help="overrides common to every arm")
     args = parser.parse_args(argv)
     if args.bracket and not args.interleave:
@@ -220,8 +222,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--trace needs --interleave --bracket (steps are set against none's pace)")
     if args.ranks_per_host < 1:
         parser.error(f"--ranks-per-host must be >= 1, got {args.ranks_per_host}")
-    if args.device_step_ms < 0 or not math.isfinite(args.device_step_ms):
+    if not all(d >= 0 and math.isfinite(d) for d in args.device_step_ms):
         parser.error(f"--device-step-ms must be >= 0, got {args.device_step_ms}")
+    if len(args.device_step_ms) > 1 and [len(args.device_step_ms)] != args.hosts:
+        parser.error(f"--device-step-ms: one D per host needs --hosts {len(args.device_step_ms)}")
     if args.chunk_ms is None:
         args.chunk_ms = CHUNK_MS if args.sync_class == "same" else 0.0
     (args.out / "raw").mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from shadowsync.benchmarks.report import markdown_table, or_dash, spread
+from shadowsync.benchmarks.report import markdown_table, median_spread, or_dash, spread
 from shadowsync.benchmarks.rows import (
     STEP_KINDS,
     baseline,
@@ -335,14 +335,45 @@ def budget_line(goals: list[dict[str, Any]], aa: list[dict[str, Any]]) -> str:
     return text + ". Jobs ran different revisions of the pacer (FINDINGS says which).\n\n"
 
 
-def device_line(ms: float) -> str:
-    """What a job's device wait was (a paragraph), or '' without one."""
-    if not ms:
+def device_line(ms: float | Sequence[float]) -> str:
+    """What a job's device wait was (a paragraph: one value, or one a host), or '' without
+    one."""
+    waits = [ms] if isinstance(ms, int | float) else list(ms)
+    if not any(waits):
         return ""
-    return (f"Emulated GPU trainers (`--device-step-ms {ms:g}`): after every step each rank's "
-            f"training thread waited {ms:g} ms holding neither a core nor the GIL, as a host "
-            "thread waits on its device (`bench_sync.py`'s `DeviceWait` says what that models "
-            "and what it does not).\n\n")
+    flag, each = " ".join(f"{w:g}" for w in waits), "/".join(f"{w:g}" for w in waits)
+    whose = "" if len(waits) == 1 else " (host 0, host 1, ...: a straggler)"
+    return (f"Emulated GPU trainers (`--device-step-ms {flag}`): after every step each rank's "
+            f"training thread waited {each} ms{whose} holding neither a core nor the GIL, as a "
+            "host thread waits on its device (`bench_sync.py`'s `DeviceWait` says what that "
+            "models and what it does not).\n\n")
+
+
+def host_table(rows: list[dict[str, Any]]) -> str:
+    """Each host's own pace in a bracketed job (a paragraph with a table), or '' where the
+    rows lack it: per arm and host, examples/s (median over cycles) and its ratio to that
+    host's own ``none`` turns beside it, median [min, max]. With one host slower than the
+    other (a straggler), what the fast one keeps of its pace alone."""
+    timed = [r for r in rows if r.get("host_baseline_seconds")]
+    if not timed or len(timed[0]["host_seconds"]) < 2:
+        return ""
+    hosts = range(len(timed[0]["host_seconds"]))
+    table_rows = []
+    for arm in dict.fromkeys(r["arm"] for r in timed):
+        mine = [r for r in timed if r["arm"] == arm]
+        cells: list[object] = [arm]
+        for h in hosts:
+            # a host's examples: the job's per turn over its hosts
+            rate = [r["examples_per_s"] * r["train_seconds"] / len(hosts) / r["host_seconds"][h]
+                    for r in mine]
+            ratio = [r["host_baseline_seconds"][h] / r["host_seconds"][h] for r in mine]
+            cells += [f"{statistics.median(rate):,.0f}", median_spread(ratio)]
+        table_rows.append(cells)
+    header = ["arm"] + [f"host {h} {what}" for h in hosts
+                        for what in ("examples/s", "ratio to its none")]
+    return ("Each host's own pace (its slowest rank's turn), against its own `none` turns "
+            "beside it:\n\n" + markdown_table(header, table_rows, "l" + "r" * (2 * len(hosts)))
+            + "\n\n")
 
 
 def interleave_line(block: int | None, bracketed: bool = False) -> str:
@@ -365,7 +396,8 @@ def report(out: Path, links: Sequence[str]) -> str:
     commands: dict[tuple[str, int], str] = {}
     turns: dict[tuple[str, int], int | None] = {}  # --interleave's turn length, if any
     bracketed: dict[tuple[str, int], bool] = {}
-    device_ms: dict[tuple[str, int], float] = {}
+    device_ms: dict[tuple[str, int], float | list[float]] = {}
+    per_host: dict[tuple[str, int], str] = {}
     footprints: dict[tuple[str, int], str] = {}
     goals: list[dict[str, Any]] = []
     aas: list[dict[str, Any]] = []
@@ -377,7 +409,10 @@ def report(out: Path, links: Sequence[str]) -> str:
         by_link.setdefault(link, {})[hosts] = arms
         turns[(link, hosts)] = rows[0].get("interleave") if rows else None
         bracketed[(link, hosts)] = any("baseline_examples_per_s" in r for r in rows)
-        device_ms[(link, hosts)] = rows[0].get("device_step_ms", 0.0) if rows else 0.0
+        device_ms[(link, hosts)] = (rows[0].get("device_step_ms_by_host",
+                                                rows[0].get("device_step_ms", 0.0))
+                                    if rows else 0.0)
+        per_host[(link, hosts)] = host_table(rows)
         footprints[(link, hosts)] = footprint_table(rows)
         cmd = raw.with_suffix(".cmd")
         commands[(link, hosts)] = cmd.read_text() if cmd.exists() else "(not recorded)\n"
@@ -397,6 +432,7 @@ def report(out: Path, links: Sequence[str]) -> str:
                             + device_line(device_ms[(link, hosts)])
                             + interleave_line(turns[(link, hosts)], bracketed[(link, hosts)])
                             + f"{table(arms)}\n\n"
+                            + per_host[(link, hosts)]
                             + aa_line(arms)
                             + f"{dominance_table(dominance(arms))}\n\n"
                             + f"The most frequent synchronization at >= {NO_COST} of `none`'s "

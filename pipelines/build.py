@@ -170,7 +170,7 @@ def sharding_constraints(cfg: RunConfig, tables: list[str], device: torch.device
     }
 
 
-def _local_world(world_size: int) -> int:
+def local_world(world_size: int) -> int:
     """Ranks a host: the launcher's ``LOCAL_WORLD_SIZE``, else all ``world_size`` on one."""
     return int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
 
@@ -199,7 +199,7 @@ def _meta_model_and_planner(
     # sparse_modules() returns nn.Modules, whose __getattr__ types methods as Tensor | Module
     tables = [t.name for c in collections for t in c.embedding_bag_configs()]  # type: ignore[operator]
     if local_world_size is None:
-        local_world_size = _local_world(groups.world)
+        local_world_size = local_world(groups.world)
     # TorchRec's own constructors: a Topology built directly, or the planner's default
     # HeuristicalStorageReservation, each log a deprecation warning on every rank.
     topology = TopologyFactory.create_topology(
@@ -224,7 +224,7 @@ def replica_groups(cfg: RunConfig, world_size: int,
     host (default: ``LOCAL_WORLD_SIZE``, else all on one host); raises a one-line
     ``ValueError`` for a layout the job cannot run."""
     if local_world_size is None:
-        local_world_size = _local_world(world_size)
+        local_world_size = local_world(world_size)
     groups = ReplicaGroups.of(cfg.sharding.group_size, world_size, local_world_size)
     if groups.whole:
         return groups
@@ -275,7 +275,7 @@ def build_sharded_model(
     else:  # plan() is deterministic: every rank plans the same (collective_plan broadcasts
         # from global rank 0, which is in one group only)
         plan = remap_plan(planner.plan(model, sharders), groups.shard_ranks(env.rank)[0],
-                          env.device, _local_world(env.world_size))
+                          env.device, local_world(env.world_size))
         sharding_env = sharding_env_2d(groups, env.device)
     dmp = DistributedModelParallel(
         module=model,

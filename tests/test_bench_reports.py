@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
-from shadowsync.benchmarks import bench_loop, bench_sync, paper, rig_noise
+from shadowsync.benchmarks import bench_loop, bench_sync, paper, rig_noise, turns
 from shadowsync.benchmarks import rows as bench_rows
 from shadowsync.testing import run_ranks
 
@@ -294,7 +294,7 @@ def test_interleaved_pair_times_each_loop_apart() -> None:
 def test_rotating_replicas_refuses_arms_that_cannot_take_turns() -> None:
     from shadowsync.sync.config import SyncConfig
 
-    bench = bench_sync
+    bench = turns
     with pytest.raises(ValueError, match="sync.schedule.period=3 does not divide the turn of 10"):
         bench.RotatingReplicas({"FR k=3": SyncConfig.from_dict(
             {"strategy": {"name": "ma"}, "schedule": {"mode": "fixed_rate", "period": 3}})}, 10)
@@ -309,7 +309,7 @@ def test_rotating_replicas_refuses_arms_that_cannot_take_turns() -> None:
 def test_bracketed_turns_put_the_baseline_beside_every_other_turn() -> None:
     from shadowsync.sync.config import SyncConfig
 
-    bench = bench_sync
+    bench = turns
     fr = SyncConfig.from_dict({"strategy": {"name": "ma"},
                                "schedule": {"mode": "fixed_rate", "period": 5}})
     arms = {"none": None, "FR": fr, "S": SyncConfig.from_dict({"strategy": {"name": "ma"}}),
@@ -347,7 +347,7 @@ def _interleaved_arms(rank: int, world_size: int) -> dict[str, Any]:
     from shadowsync.pipelines.build import init_distributed
     from tests._dist import SMALL
 
-    bench = bench_sync
+    bench = turns
     made: list[Any] = []
 
     class Spy(bench.RotatingReplicas):  # type: ignore[name-defined, misc]
@@ -370,9 +370,10 @@ def _interleaved_arms(rank: int, world_size: int) -> dict[str, Any]:
         waits.append(seconds)
         time.sleep(seconds)  # the emulated device step itself
 
+    os.environ["LOCAL_WORLD_SIZE"] = "1"  # as if each rank were a host of its own
     bracketed = bench.run_interleaved(env, "synthetic", common, arms, seeds=[0], cycles=1,
                                       block=10, bracket=True, trace=True,
-                                      callbacks=[bench.DeviceWait(DEVICE_MS, wait)])
+                                      callbacks=[bench_sync.DeviceWait(DEVICE_MS, wait)])
     wrapper, again = made
     return {"rows": rows,
             "order": [(t.arm, t.cycle) for t in wrapper.turns if t.done],
@@ -421,6 +422,11 @@ def test_interleaved_arms_take_turns_on_one_model() -> None:
         assert result["bracket steps"] == {"FR k=5": 20, "S s1": 20}
         rows = result["bracketed"]
         assert [r["arm"] for r in rows] == ["none", "S s1", "none", "FR k=5"]
+        for r in result["rows"]:  # one host (LOCAL_WORLD_SIZE unset): its turn is the job's
+            assert r["host_seconds"] == [r["train_seconds"]]
+        for r in rows:  # two hosts: the job's turn is its slower host's
+            assert len(r["host_seconds"]) == 2 and max(r["host_seconds"]) == r["train_seconds"]
+            assert len(r["host_baseline_seconds"]) == 2
         # --device-step-ms: one wait after every training step of the run (9 turns of 10),
         # inside the step as the turns time it
         assert result["waits"] == [DEVICE_MS / 1e3] * 90

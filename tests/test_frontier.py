@@ -283,3 +283,29 @@ def test_no_cost_names_the_most_frequent_sync_that_keeps_98_percent(tmp_path: Pa
     assert "(`--device-step-ms 50`): after every step each rank's training thread waited " \
         "50 ms" in emulated
     assert "device-step-ms" not in plain and "S b2b (gap 1.5)" in plain
+
+
+def test_a_straggler_job_reports_each_hosts_pace_against_its_own_none(tmp_path: Path) -> None:
+    """With one device wait a host, the report names both waits and gives each host's
+    examples/s and its ratio to its own ``none`` turns: host 1 (the straggler) sets the job's
+    turn, host 0 keeps 0.9 and 0.8 of its own pace in the shadow turns."""
+    def turn(arm: str, repeat: int, host_s: list[float], near: list[float]) -> dict[str, Any]:
+        return {**run(arm, repeat, 4000 / max(host_s)), "train_seconds": max(host_s),
+                "host_seconds": host_s, "host_baseline_seconds": near,
+                "baseline_examples_per_s": 4000 / max(near), "interleave": 10,
+                "device_step_ms": 100.0, "device_step_ms_by_host": [100.0, 150.0]}
+
+    rows = [turn("none", 0, [2.0, 3.0], [2.0, 3.0]), turn("S", 0, [2.0 / 0.9, 3.0], [2.0, 3.0]),
+            turn("none", 1, [2.0, 3.0], [2.0, 3.0]), turn("S", 1, [2.5, 3.0], [2.0, 3.0])]
+    one_host = {**rows[0], "host_seconds": [3.0], "host_baseline_seconds": [3.0]}
+    assert to.host_table([one_host]) == ""
+    table = to.host_table(rows)
+    # host 0: 2000 examples a turn (4000 over 2 hosts) in 2.0 s; S in 2.22 s and 2.5 s
+    assert "| none | 1,000 | 1.000 [1.000, 1.000] | 667 | 1.000 [1.000, 1.000] |" in table
+    assert "| S | 850 | 0.850 [0.800, 0.900] | 667 | 1.000 [1.000, 1.000] |" in table
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "h2_1gbit-straggler.json").write_text(json.dumps(rows))
+    text = to.report(tmp_path, ["1gbit-straggler"])
+    assert "(`--device-step-ms 100 150`): after every step each rank's training thread " \
+        "waited 100/150 ms (host 0, host 1, ...: a straggler)" in text
+    assert "Each host's own pace" in text

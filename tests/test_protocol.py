@@ -28,10 +28,9 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 
-from shadowsync.sync.config import SyncConfig
-from shadowsync.sync.errors import SyncError
 from shadowsync.sync.clock import MonotonicClock
-from shadowsync.sync.errors import PeerAborted
+from shadowsync.sync.config import SyncConfig
+from shadowsync.sync.errors import PeerAborted, SyncError
 from shadowsync.sync.protocol import Control, Layout, Levels, Wire, broadcast_, new_sync_group
 from shadowsync.sync.round import ReplicaSet
 from shadowsync.sync.runner import FixedRateOptions, FixedRateSyncRunner
