@@ -34,9 +34,8 @@ OPEN           ``reopen``    OPEN
 Only an OPEN wire may carry a round, or this rank's abort round: in every other state its peers
 know already, are gone, or cannot be reached.
 
-With replica groups the group's sum goes in two levels (:class:`Levels`: inside a host, then
-across hosts by slices), so a host sends one copy across, not one per rank; the buffer and
-its bits on every rank are those of the one allreduce, up to the order of the additions.
+With replica groups the sum goes in two levels (:class:`Levels`): the same buffer and control
+values, every rank the same bits, fewer copies across hosts than one ring over every rank.
 
 Also here: the flat-buffer helpers (:func:`broadcast_`, :func:`average_`) and
 :func:`new_sync_group`.
@@ -182,10 +181,9 @@ class Levels:
     group's layout group), ``across`` its column (the ranks at this rank's index in every
     row). Each chunk is summed inside, then each rank of a row sums its own slice of it
     across, then the slices are summed inside again, each nonzero on one rank of the row:
-    every rank ends with the same bits. Only allreduces, which gloo runs on CPU and CUDA
-    tensors alike. With H rows a row sends ``2 (H - 1) / H`` copies of the buffer across a
-    round (gloo's ring inside each level), where one ring over the whole group's W ranks
-    sends ``2 (W - 1) / W`` across each row's boundary (1.5 copies for 2 rows of 2, not 1).
+    every rank ends with the same bits. Only allreduces (gloo runs them on CPU and CUDA).
+    With H rows a row sends ``2 (H - 1) / H`` copies across a round (gloo's ring inside each
+    level); one ring over the group's W ranks sends ``2 (W - 1) / W`` (1.5 for 2 rows of 2).
     """
 
     group: dist.ProcessGroup
