@@ -91,7 +91,10 @@ class RotatingReplicas(LocalReplicas):
     turn beside it on either side (the next cycle's first, or a closing one, after the last).
 
     A turn is timed from the ``after_step`` that begins it to the one that ends it: exactly
-    ``block`` steps with all the training loop's own work, the switch itself outside. A turn's
+    ``block`` steps with all the training loop's own work, the switch itself outside. Every
+    turn starts at a barrier of all ranks, untimed: a host that ended its last turn early
+    (a fast host beside a straggler, where no collective held it back) does not carry its
+    wait for the others into this turn's time. A turn's
     syncs are those applied within it, and its sync gap the mean distance between them
     (:meth:`Turn.gap`). A round still in flight at its end counts nowhere: the part of it that
     ran within the turn slowed the turn, and the pause finishes the rest in the switch, untimed
@@ -187,6 +190,7 @@ class RotatingReplicas(LocalReplicas):
         self.turns.append(Turn(name, cycle, -time.perf_counter(), -reduced, -tx))
         if self._active is not None:
             self._active.resume()
+        dist.barrier()  # every rank starts the turn together (see the class's docstring)
         self._step_began = time.perf_counter()
         self.turns[-1].seconds = -self._step_began
 
