@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
-from shadowsync.benchmarks import bench_loop, bench_sync, paper, rig_noise, turns
+from shadowsync.benchmarks import bench_loop, bench_sync, paper, rig_noise, slurm_layouts, turns
 from shadowsync.benchmarks import rows as bench_rows
 from shadowsync.testing import run_ranks
 
@@ -33,6 +33,21 @@ def test_ratio_spread_pairs_each_run_with_nones_run_and_goals_use_it() -> None:
     assert "[0.900, 0.990]" in bench.table(list(arms.values()))
     (line,) = [g for g in paper.goals(list(arms.values())) if g.startswith("- S-MA keeps")]
     assert "0.990" in line and line.endswith("NOT met."), line  # the median clears, a run not
+
+
+def test_the_slurm_layouts_table_gives_each_jobs_nodes_traffic() -> None:
+    rows = [{"arm": "replica groups, shadow MA", "state": "SUCCEEDED", "step": 40,
+             "sync_rounds": 7.0, "sync_bytes_reduced": 2.5e6,
+             "nodes": {"h0": {"tx": 3_100_000, "rx": 2_900_000},
+                       "h1": {"tx": 2_950_000, "rx": 3_050_000}}}]
+    table = slurm_layouts.table(rows)
+    assert "| arm | state | steps | sync rounds | sync MB (rank 0) | h0 MB sent / received | " \
+        "h1 MB sent / received |" in table
+    assert "| replica groups, shadow MA | SUCCEEDED | 40 | 7 | 2.50 | 3.10 / 2.90 | " \
+        "2.95 / 3.05 |" in table
+    assert set(slurm_layouts.ARMS) == {"one group (TorchRec's layout), shadow MA",
+                                       "replica groups, shadow MA",
+                                       "replica groups, no synchronization"}
 
 
 def test_loop_phase_table_shows_each_phase_and_what_no_phase_holds() -> None:
