@@ -6,7 +6,10 @@ link during it (the interfaces' counters, :meth:`~.slurm_lab.SlurmLab.traffic`).
 The arms (:data:`ARMS`): TorchRec's layout (one group of the 4 ranks, whose embedding
 all-to-alls cross the nodes every step), replica groups (``sharding.group_size=local``: a group
 a node), and replica groups without synchronization (nothing but the job's start, its final
-evaluation and Slurm's own messages crosses). Each job must end SUCCEEDED. Needs root::
+evaluation and Slurm's own messages crosses). Each arm runs at two lengths (``--steps``), so
+that what a step adds (the all-to-alls, the rounds) stands apart from what a job pays once
+(start-up, the first group's tables broadcast to the others, the final consensus and
+evaluation). Each job must end SUCCEEDED. Needs root::
 
     sudo .venv/bin/python -m shadowsync.benchmarks.slurm_layouts \\
         --out benchmarks/results/replica_groups/slurm
@@ -38,10 +41,10 @@ ARMS = {
 JOB_TIMEOUT_S = 600.0
 
 
-def run_jobs(config: str, overrides: list[str], rate: str, install: bool,
+def run_jobs(config: str, overrides: list[str], steps: list[int], rate: str, install: bool,
              ) -> list[dict[str, Any]]:
-    """Every arm's job on a fresh two-node lab (missing Debian packages installed first when
-    ``install``), one after another; a row per job."""
+    """Every arm's job at each of ``steps`` on a fresh two-node lab (missing Debian packages
+    installed first when ``install``), one after another; a row per job."""
     from torchx.runner import get_runner
 
     from shadowsync.benchmarks import netns, slurm_lab
@@ -53,8 +56,9 @@ def run_jobs(config: str, overrides: list[str], rate: str, install: bool,
         os.environ.update(lab.env)
         os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
         os.chdir(work)  # sbatch leaves the jobs' logs here, where torchx reads them
-        for arm, extra in ARMS.items():
-            app = train(*overrides, *extra, f"output_dir={work}/${{app_id}}", config=config,
+        for arm, extra, n in [(a, e, n) for a, e in ARMS.items() for n in steps]:
+            app = train(*overrides, *extra, f"train.steps={n}", f"output_dir={work}/${{app_id}}",
+                        config=config,
                         j="2x2", cpu=2, memMB=4000,
                         env={"GLOO_SOCKET_IFNAME": netns.HOST_IF, "OMP_NUM_THREADS": "1"})
             before = lab.traffic()
@@ -77,23 +81,43 @@ def run_jobs(config: str, overrides: list[str], rate: str, install: bool,
                 "nodes": {node: {"tx": after[node][0] - tx, "rx": after[node][1] - rx}
                           for node, (tx, rx) in before.items()},
             })
-            print(f"{arm}: job {job} {status.state.name} in {wall:.0f} s", flush=True)
+            print(f"{arm}, {n} steps: job {job} {status.state.name} in {wall:.0f} s", flush=True)
     return rows
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     """Per job: its state, steps, rounds, the bytes rank 0's synchronizer handed to its
-    collectives, and what each node sent and received."""
+    rounds' collectives, and what each node sent and received; then per arm, what each step
+    beyond its shorter job's added."""
     nodes = list(rows[0]["nodes"]) if rows else []
-    body = []
-    for r in rows:
-        body.append([r["arm"], r["state"], r["step"], f"{r['sync_rounds']:.0f}",
-                     f"{r['sync_bytes_reduced'] / 1e6:.2f}",
-                     *(f"{r['nodes'][n]['tx'] / 1e6:.2f} / {r['nodes'][n]['rx'] / 1e6:.2f}"
-                       for n in nodes)])
-    return markdown_table(["arm", "state", "steps", "sync rounds", "sync MB (rank 0)",
-                           *(f"{n} MB sent / received" for n in nodes)], body,
+
+    def mb(x: float) -> str:
+        return f"{x / 1e6:.2f}"
+
+    jobs = [[r["arm"], r["state"], r["step"], f"{r['sync_rounds']:.0f}",
+             mb(r["sync_bytes_reduced"]),
+             *(f"{mb(r['nodes'][n]['tx'])} / {mb(r['nodes'][n]['rx'])}" for n in nodes)]
+            for r in rows]
+    text = markdown_table(["arm", "state", "steps", "sync rounds", "sync MB (rank 0)",
+                           *(f"{n} MB sent / received" for n in nodes)], jobs,
                           "llrrr" + "r" * len(nodes))
+    slopes = []
+    for arm in dict.fromkeys(r["arm"] for r in rows):
+        lengths = sorted((r for r in rows if r["arm"] == arm), key=lambda r: r["step"])
+        if len(lengths) < 2:
+            continue
+        short, long = lengths[0], lengths[-1]
+        d = (long["step"] - short["step"]) * 1e3  # kB a step
+        sync = (long["sync_bytes_reduced"] - short["sync_bytes_reduced"]) / d
+        slopes.append([arm, f"{short['step']} -> {long['step']}", f"{sync:.1f}",
+                       *(f"{(long['nodes'][n]['tx'] - short['nodes'][n]['tx']) / d:.1f}"
+                         for n in nodes)])
+    if slopes:
+        text += ("\n\nWhat a step adds (the longer job less the shorter, per step beyond it):"
+                 "\n\n" + markdown_table(["arm", "steps", "sync kB a step (rank 0)",
+                                           *(f"{n} kB sent a step" for n in nodes)], slopes,
+                                          "lrr" + "r" * len(nodes)))
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,9 +127,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--no-install", action="store_true",
                         help="fail instead of installing missing packages with apt-get")
+    parser.add_argument("--steps", type=int, nargs="+", default=[40, 200],
+                        help="each arm's job lengths (train.steps)")
     parser.add_argument("overrides", nargs="*",
-                        default=["train.steps=40", "eval.every_steps=null",
-                                 "eval.max_batches=1", "logging.progress_bar=false"],
+                        default=["eval.every_steps=null", "eval.max_batches=1",
+                                 "logging.progress_bar=false"],
                         help="overrides every job gets")
     args = parser.parse_args(argv)
     from shadowsync.benchmarks.netns import ClusterError
@@ -113,14 +139,15 @@ def main(argv: list[str] | None = None) -> int:
 
     out = args.out.resolve()
     try:
-        rows = run_jobs(args.config, args.overrides, args.rate, not args.no_install)
+        rows = run_jobs(args.config, args.overrides, args.steps, args.rate, not args.no_install)
     except (LabUnavailable, ClusterError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "runs.json", rows)
     text = (f"Command: `{command_line('shadowsync.benchmarks.slurm_layouts', argv)}`\n\n"
-            f"`-j 2x2`, config `{args.config}` {' '.join(args.overrides)}, links "
+            f"`-j 2x2`, config `{args.config}` {' '.join(args.overrides)}, steps "
+            f"{' and '.join(map(str, args.steps))}, links "
             f"{args.rate}:\n\n{table(rows)}\n")
     (out / "report.md").write_text(text)
     print(text)

@@ -35,19 +35,20 @@ def test_ratio_spread_pairs_each_run_with_nones_run_and_goals_use_it() -> None:
     assert "0.990" in line and line.endswith("NOT met."), line  # the median clears, a run not
 
 
-def test_the_slurm_layouts_table_gives_each_jobs_nodes_traffic() -> None:
-    rows = [{"arm": "replica groups, shadow MA", "state": "SUCCEEDED", "step": 40,
-             "sync_rounds": 7.0, "sync_bytes_reduced": 2.5e6,
-             "nodes": {"h0": {"tx": 3_100_000, "rx": 2_900_000},
-                       "h1": {"tx": 2_950_000, "rx": 3_050_000}}}]
-    table = slurm_layouts.table(rows)
+def test_the_slurm_layouts_table_gives_each_jobs_nodes_traffic_and_a_steps_share() -> None:
+    def job(steps: int, sync: float, tx: int) -> dict[str, Any]:
+        return {"arm": "replica groups, shadow MA", "state": "SUCCEEDED", "step": steps,
+                "sync_rounds": 7.0, "sync_bytes_reduced": sync,
+                "nodes": {"h0": {"tx": tx, "rx": 2_900_000}, "h1": {"tx": tx, "rx": 3_050_000}}}
+
+    table = slurm_layouts.table([job(40, 2.5e6, 3_100_000), job(200, 6.5e6, 4_700_000)])
     assert "| arm | state | steps | sync rounds | sync MB (rank 0) | h0 MB sent / received | " \
         "h1 MB sent / received |" in table
     assert "| replica groups, shadow MA | SUCCEEDED | 40 | 7 | 2.50 | 3.10 / 2.90 | " \
-        "2.95 / 3.05 |" in table
-    assert set(slurm_layouts.ARMS) == {"one group (TorchRec's layout), shadow MA",
-                                       "replica groups, shadow MA",
-                                       "replica groups, no synchronization"}
+        "3.10 / 3.05 |" in table
+    # per step beyond the 40: 4.0 MB of rounds and 1.6 MB sent over 160 steps
+    assert "| replica groups, shadow MA | 40 -> 200 | 25.0 | 10.0 | 10.0 |" in table
+    assert "What a step adds" not in slurm_layouts.table([job(40, 2.5e6, 3_100_000)])
 
 
 def test_loop_phase_table_shows_each_phase_and_what_no_phase_holds() -> None:
