@@ -34,11 +34,8 @@ OPEN           ``reopen``    OPEN
 Only an OPEN wire may carry a round, or this rank's abort round: in every other state its peers
 know already, are gone, or cannot be reached.
 
-With replica groups the sum goes in two levels (:class:`Levels`): the same buffer and control
-values, every rank the same bits, fewer copies across hosts than one ring over every rank.
-
-Also here: the flat-buffer helpers (:func:`broadcast_`, :func:`average_`) and
-:func:`new_sync_group`.
+Also here: :class:`Levels` (replica groups' sum in two levels, fewer copies across hosts), the
+flat-buffer helpers (:func:`broadcast_`, :func:`average_`) and :func:`new_sync_group`.
 """
 
 from __future__ import annotations
@@ -174,16 +171,14 @@ class Layout:
 
 @dataclasses.dataclass(frozen=True)
 class Levels:
-    """``group`` summed in two levels, so that a host's ranks send one copy across between
-    them, not one each.
-
-    The group's ranks form a grid: ``inside`` is this rank's row (a host's ranks: a replica
-    group's layout group), ``across`` its column (the ranks at this rank's index in every
-    row). Each chunk is summed inside, then each rank of a row sums its own slice of it
-    across, then the slices are summed inside again, each nonzero on one rank of the row:
-    every rank ends with the same bits. Only allreduces (gloo runs them on CPU and CUDA).
-    With H rows a row sends ``2 (H - 1) / H`` copies across a round (gloo's ring inside each
-    level); one ring over the group's W ranks sends ``2 (W - 1) / W`` (1.5 for 2 rows of 2).
+    """``group`` summed in two levels: its ranks form a grid, ``inside`` this rank's row (a
+    host's ranks: a replica group's layout group), ``across`` its column (the ranks at its
+    index in every row). Each chunk is reduce-scattered inside, each rank sums its slice
+    across, and the slices are all-gathered inside: every rank ends with the same bits, and
+    with H rows a row sends ``2 (H - 1) / H`` copies across a round, where one ring over the
+    group's W ranks sends ``2 (W - 1) / W`` (1.5 for 2 rows of 2). On CUDA, whose tensors
+    gloo's reduce-scatter and all-gather refuse, allreduces do the same (the second inside of
+    slices each nonzero on one rank of the row).
     """
 
     group: dist.ProcessGroup
@@ -224,6 +219,7 @@ class Wire:
         self.buffer = torch.zeros(-(-slots // row) * row, dtype=layout.dtype,
                                   device=layout.device)
         self._slots = slice(self.numel, slots)
+        self._slice = self.buffer.new_empty(0 if self.levels is None else -(-slots // row))
         self._chunk_bytes = chunk_bytes
         self._chunk_numel = (self.buffer.numel() if chunk_bytes is None
                              else max(1, chunk_bytes // self.buffer.element_size() // row) * row)
@@ -303,16 +299,22 @@ class Wire:
     def _sum(self, chunk: Tensor) -> None:
         """SUM ``chunk`` over the group in place: one allreduce, or by :class:`Levels`."""
         if self.levels is None:
-            dist.all_reduce(chunk, op=dist.ReduceOp.SUM, group=self.group)
+            dist.all_reduce(chunk, group=self.group)
             return
-        inside = self.levels.inside
-        dist.all_reduce(chunk, op=dist.ReduceOp.SUM, group=inside)
+        inside, across = self.levels.inside, self.levels.across
         slices = chunk.view(dist.get_world_size(inside), -1)
+        if chunk.is_cpu:  # gloo's reduce-scatter and all-gather take CPU tensors only
+            part = self._slice[: slices.shape[1]]
+            dist.reduce_scatter_tensor(part, chunk, group=inside)
+            dist.all_reduce(part, group=across)
+            dist.all_gather_into_tensor(chunk, part, group=inside)
+            return
         mine = dist.get_rank(inside)
-        dist.all_reduce(slices[mine], op=dist.ReduceOp.SUM, group=self.levels.across)
+        dist.all_reduce(chunk, group=inside)
+        dist.all_reduce(slices[mine], group=across)
         slices[:mine].zero_()
         slices[mine + 1:].zero_()
-        dist.all_reduce(chunk, op=dist.ReduceOp.SUM, group=inside)
+        dist.all_reduce(chunk, group=inside)
 
 
 def _require_dist() -> None:
@@ -375,11 +377,9 @@ def new_sync_group(backend: str = "gloo", timeout: timedelta = timedelta(minutes
 @torch.no_grad()
 def broadcast_(params: Sequence[Tensor], group: dist.ProcessGroup | None = None,
                src: int = 0) -> None:
-    """Overwrite every rank's ``params`` with rank ``src``'s (a global rank), in one collective.
-
-    Runners assume identical replicas at their first ``start`` (the strategies' center and
-    global model are taken from the local replica); this establishes it.
-    """
+    """Overwrite every rank's ``params`` with rank ``src``'s (a global rank), in one collective:
+    runners assume identical replicas at their first ``start`` (strategies' state is taken
+    from the local replica)."""
     _overwrite(params, lambda flat: dist.broadcast(flat, src=src, group=group))
 
 
