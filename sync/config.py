@@ -227,7 +227,10 @@ class TransportConfig:
     embedding all-to-alls on a shared link. ``socket_ifname`` sends the synchronizer's gloo
     traffic from that interface or address alias, which a network can put in a lower traffic
     class. ``thread_nice`` raises the shadow thread's nice value (Linux: per thread), so a
-    round's CPU work yields to training on cores training keeps busy.
+    round's CPU work yields to training on cores training keeps busy. ``two_level`` (replica
+    groups only) sums a dense round inside each group first, so a host's ranks send one
+    dense copy across between them (2 hosts); off, one allreduce over every rank: fewer
+    collectives a round, 1.5 copies across for 2 hosts of 2 ranks.
     """
 
     backend: Literal["gloo", "nccl"] = "gloo"
@@ -235,6 +238,7 @@ class TransportConfig:
     chunk_mb: float | None = None
     socket_ifname: str | None = None
     thread_nice: int = 0
+    two_level: bool = True
 
 
 @dataclass

@@ -25,13 +25,15 @@ def sync_groups(cfg: SyncConfig, partition: Sequence[Sequence[int]] | None,
                 ) -> list[dist.ProcessGroup]:
     """Collective, on every rank in the same order: a fresh sync group over every rank and,
     with replica groups (``partition``: the ranks that hold the same shards, one part each),
-    this rank's replica group and its layout group (a host's ranks: the parts' members at
-    one index)."""
+    this rank's replica group and, with ``sync.transport.two_level``, its layout group (a
+    host's ranks: the parts' members at one index)."""
     t = cfg.transport
     make = functools.partial(new_sync_group, t.backend, timedelta(seconds=cfg.failure.timeout_s),
                              t.socket_ifname)
-    rows = [list(r) for r in zip(*partition, strict=True)] if partition else []
-    return [make()] + ([make(partition=partition), make(partition=rows)] if partition else [])
+    if not partition:
+        return [make()]
+    rows = [list(r) for r in zip(*partition, strict=True)]
+    return [make(), make(partition=partition)] + ([make(partition=rows)] if t.two_level else [])
 
 
 def replica_sets(cfg: SyncConfig, dense: list[Tensor], shards: list[Tensor],
@@ -60,8 +62,8 @@ def replica_sets(cfg: SyncConfig, dense: list[Tensor], shards: list[Tensor],
 
 def new_runner(cfg: SyncConfig, replicas: list[ReplicaSet], groups: Sequence[dist.ProcessGroup],
                on_failure: OnFailure | None) -> SyncRunner:
-    """A runner of ``cfg``'s mode over ``replicas`` on ``groups`` (:func:`sync_groups`; with
-    replica groups its dense round sums in :class:`~.protocol.Levels`), not started."""
+    """A runner of ``cfg``'s mode over ``replicas`` on ``groups`` (:func:`sync_groups`; with a
+    layout group its dense round sums in :class:`~.protocol.Levels`), not started."""
     group = Levels(groups[0], groups[2], groups[1]) if len(groups) == 3 else groups[0]
     schedule = cfg.schedule
     if schedule.mode == "fixed_rate":
