@@ -116,7 +116,8 @@ def run_arm(env: DistEnv, preset: str, overrides: list[str],
     summary = trainer.train()
     after = tx_bytes()
     if before is not None and after is not None:
-        sent = torch.tensor([after - before], dtype=torch.float64)
+        # a host's counter once: its ranks share its interface
+        sent = torch.tensor([(after - before) * (env.local_rank == 0)], dtype=torch.float64)
         dist.all_reduce(sent)
         summary["wire_bytes"] = float(sent.item())
     return summary
