@@ -1,0 +1,8 @@
+python -m shadowsync.benchmarks.frontier --hosts 2 --ranks-per-host 2 --links 1gbit --interleave 20 --repeats 5 --aa --bracket --periods 1 --shadow 'b2b: sync.schedule.max_slowdown=null' 'b2b ring: sync.schedule.max_slowdown=null sync.transport.two_level=false' '5% n10: sync.schedule.max_slowdown=0.05 sync.transport.thread_nice=10' '5% n10 ring: sync.schedule.max_slowdown=0.05 sync.transport.thread_nice=10 sync.transport.two_level=false' --device-step-ms 120 --tag 2d-two-level --out benchmarks/results/replica_groups/two_level train.batch_size=32 eval.max_batches=1 sharding.group_size=local
+  arm none: sync.strategy.name=none
+  arm FR k=1: sync.strategy.name=ma sync.schedule.mode=fixed_rate sync.schedule.period=1 sync.transport.wire_dtype=float32 sync.transport.socket_ifname=veth0:sync
+  arm S b2b: sync.strategy.name=ma sync.schedule.mode=shadow sync.schedule.max_slowdown=null  sync.transport.wire_dtype=float32 sync.transport.socket_ifname=veth0:sync
+  arm S b2b ring: sync.strategy.name=ma sync.schedule.mode=shadow sync.schedule.max_slowdown=null sync.transport.two_level=false  sync.transport.wire_dtype=float32 sync.transport.socket_ifname=veth0:sync
+  arm S 5% n10: sync.strategy.name=ma sync.schedule.mode=shadow sync.schedule.max_slowdown=0.05 sync.transport.thread_nice=10  sync.transport.wire_dtype=float32 sync.transport.socket_ifname=veth0:sync
+  arm S 5% n10 ring: sync.strategy.name=ma sync.schedule.mode=shadow sync.schedule.max_slowdown=0.05 sync.transport.thread_nice=10 sync.transport.two_level=false  sync.transport.wire_dtype=float32 sync.transport.socket_ifname=veth0:sync
+  arm none A/A: sync.strategy.name=none
