@@ -385,7 +385,7 @@ def interleave_line(block: int | None, bracketed: bool = False) -> str:
                 if bracketed else
                 "each turn is compared with `none`'s turn of the same cycle, seconds apart")
     return (f"Interleaved (`--interleave {block}`): the arms took turns of {block} steps on one "
-            "model in one process (`bench_sync.py`'s `RotatingReplicas`); a repeat is one cycle "
+            "model in one process (`turns.py`'s `RotatingReplicas`); a repeat is one cycle "
             f"of turns, and {compared}. One model, so no eval NE per arm.\n\n")
 
 
