@@ -171,14 +171,11 @@ class Layout:
 
 @dataclasses.dataclass(frozen=True)
 class Levels:
-    """``group`` summed in two levels: its ranks form a grid, ``inside`` this rank's row (a
+    """``group`` summed in two levels: its ranks are a grid, ``inside`` this rank's row (a
     host's ranks: a replica group's layout group), ``across`` its column (the ranks at its
-    index in every row). Each chunk is reduce-scattered inside, each rank sums its slice
-    across, and the slices are all-gathered inside: every rank ends with the same bits, and
-    with H rows a row sends ``2 (H - 1) / H`` copies across a round, where one ring over the
-    group's W ranks sends ``2 (W - 1) / W`` (1.5 for 2 rows of 2). On CUDA, whose tensors
-    gloo's reduce-scatter and all-gather refuse, allreduces do the same (the second inside of
-    slices each nonzero on one rank of the row).
+    index in every row). Each chunk is summed inside, each rank sums its slice across, the
+    slices are gathered inside: every rank ends with the same bits, and a row sends
+    ``2 (H - 1) / H`` copies across a round for H rows (one ring over W ranks: ``2 (W - 1) / W``).
     """
 
     group: dist.ProcessGroup
@@ -191,6 +188,11 @@ class Levels:
             raise ValueError(f"levels of {inside} ranks inside and {across} across do not make "
                              f"the group's {dist.get_world_size(self.group)} ranks")
 
+    def scatters(self, chunk: Tensor) -> bool:
+        """Whether ``chunk`` goes by a reduce-scatter and an all-gather inside (gloo runs them on
+        CPU tensors only); else by allreduces, the second of slices each nonzero on one rank."""
+        return chunk.is_cpu
+
 
 class Wire:
     """One round's buffer and its chunked allreduce on ``group``; its state (see the module's
@@ -198,8 +200,7 @@ class Wire:
 
     Args:
         layout: the payloads the buffer carries.
-        group: the synchronizer's process group, or :class:`Levels` over it (the buffer is then
-            padded with zeros to a multiple of a row's ranks, and so is each chunk).
+        group: the sync group, or :class:`Levels` over it (buffer and chunks zero-padded to rows).
         chunk_bytes: the most bytes one collective carries (None: one collective a round).
         clock: times the allreduce; paces the pauses between chunks.
     """
@@ -219,7 +220,6 @@ class Wire:
         self.buffer = torch.zeros(-(-slots // row) * row, dtype=layout.dtype,
                                   device=layout.device)
         self._slots = slice(self.numel, slots)
-        self._slice = self.buffer.new_empty(0 if self.levels is None else -(-slots // row))
         self._chunk_bytes = chunk_bytes
         self._chunk_numel = (self.buffer.numel() if chunk_bytes is None
                              else max(1, chunk_bytes // self.buffer.element_size() // row) * row)
@@ -303,8 +303,8 @@ class Wire:
             return
         inside, across = self.levels.inside, self.levels.across
         slices = chunk.view(dist.get_world_size(inside), -1)
-        if chunk.is_cpu:  # gloo's reduce-scatter and all-gather take CPU tensors only
-            part = self._slice[: slices.shape[1]]
+        if self.levels.scatters(chunk):
+            part = chunk.new_empty(slices.shape[1])
             dist.reduce_scatter_tensor(part, chunk, group=inside)
             dist.all_reduce(part, group=across)
             dist.all_gather_into_tensor(chunk, part, group=inside)

@@ -531,13 +531,20 @@ def _levels(rank: int, world_size: int) -> dict[str, Any]:
     inside = new_sync_group(partition=[[0, 1], [2, 3]])
     across = new_sync_group(partition=[[0, 2], [1, 3]])
     levels = Levels(group, inside, across)
+
+    class ByAllreduces(Levels):  # the CUDA route (gloo scatters CPU tensors only), on CPU
+        def scatters(self, chunk: Tensor) -> bool:
+            return False
+
     payload = torch.randn(7, generator=torch.Generator().manual_seed(7 + rank))
     layout = Layout((7,), torch.float32, torch.device("cpu"))
-    wires = [Wire(layout, g, 20, MonotonicClock()) for g in (levels, group)]
+    wires = [Wire(layout, g, 20, MonotonicClock())
+             for g in (levels, ByAllreduces(group, inside, across), group)]
     agreed = [w.allreduce([payload], Control(pause_steps=2.0 * (rank + 1))) for w in wires]
     sums = [w.payloads[0].clone() for w in wires]
-    gathered = [torch.empty(7) for _ in range(world_size)]
-    dist.all_gather(gathered, sums[0])
+    gathered = [[torch.empty(7) for _ in range(world_size)] for _ in sums[:2]]
+    for out, mine in zip(gathered, sums, strict=False):
+        dist.all_gather(out, mine)
     try:
         wires[0].allreduce(None, Control(abort=rank == 3))
         aborted = "no abort"
@@ -554,8 +561,9 @@ def _levels(rank: int, world_size: int) -> dict[str, Any]:
 
 
 def test_a_wire_in_two_levels_sums_like_one_allreduce_with_the_same_bits_everywhere() -> None:
-    """The sum in levels (inside a host, across by slices, inside again) equals a float64
-    reference and the one allreduce's, chunked and padded, with the same bits on every rank;
+    """The sum in levels (inside a host, across by slices, inside again), by a reduce-scatter
+    and an all-gather or by allreduces alone (the CUDA route), equals a float64 reference and
+    the one allreduce's, chunked and padded, with the same bits on every rank;
     the control slots agree the same values, an abort flag reaches every peer through the
     levels, and a grid that is not the group's is refused."""
     results = run_ranks(_levels, world_size=4, timeout_s=90)
@@ -563,8 +571,9 @@ def test_a_wire_in_two_levels_sums_like_one_allreduce_with_the_same_bits_everywh
     for rank, r in enumerate(results):
         for got in r["sums"]:
             torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-5)
-        assert all(torch.equal(r["gathered"][0], g) for g in r["gathered"]), rank
-        assert r["pause"] == [5, 5], r["pause"]  # the mean of 2, 4, 6, 8
+        for everyone in r["gathered"]:
+            assert all(torch.equal(everyone[0], g) for g in everyone), rank
+        assert r["pause"] == [5, 5, 5], r["pause"]  # the mean of 2, 4, 6, 8
         assert r["nbytes"] == 4 * 14, r["nbytes"]
         if rank == 3:
             assert r["aborted"] == "no abort"
