@@ -252,11 +252,12 @@ def main() -> int:
         common = [f"train.steps={args.steps}", f"train.log_every={args.steps + 1}", *common]
     env = init_distributed(300.0)
     waits = args.device_step_ms
-    hosts = env.world_size // local_world(env.world_size)
+    local = local_world(env.world_size)
+    hosts = env.world_size // local
     if len(waits) not in (1, hosts):
         parser.error(f"--device-step-ms: one value or one per host ({hosts}), got {len(waits)}")
     try:
-        ms = waits[env.rank // local_world(env.world_size) if len(waits) > 1 else 0]
+        ms = waits[env.rank // local if len(waits) > 1 else 0]
         callbacks = [DeviceWait(ms)] if ms else []
     except ValueError as e:
         parser.error(f"--device-step-ms: {e}")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Sequence
 from datetime import timedelta
@@ -18,27 +19,46 @@ from shadowsync.sync.runner import FixedRateOptions, FixedRateSyncRunner, OnFail
 from shadowsync.sync.shadow import ShadowOptions, ShadowSyncRunner
 from shadowsync.sync.strategies import ModelAveraging, make_strategy
 
-__all__ = ["new_runner", "replica_sets", "sync_groups"]
+__all__ = ["SyncGroups", "new_runner", "replica_sets", "sync_groups"]
 
 
-def sync_groups(cfg: SyncConfig, partition: Sequence[Sequence[int]] | None,
-                ) -> list[dist.ProcessGroup]:
-    """Collective, on every rank in the same order: a fresh sync group over every rank and,
-    with replica groups (``partition``: the ranks that hold the same shards, one part each),
-    this rank's replica group and, with ``sync.transport.two_level``, its layout group (a
-    host's ranks: the parts' members at one index)."""
+@dataclasses.dataclass(frozen=True)
+class SyncGroups:
+    """A runner's process groups: ``world`` over every rank; with replica groups this rank's
+    ``replicas`` (the ranks that hold its shards) and, with ``sync.transport.two_level``, its
+    ``layout`` group (a host's ranks), over which the dense round sums in two levels."""
+
+    world: dist.ProcessGroup
+    replicas: dist.ProcessGroup | None = None
+    layout: dist.ProcessGroup | None = None
+
+    @property
+    def dense(self) -> dist.ProcessGroup | Levels:
+        """What the dense round sums over (:class:`~.protocol.Levels` with a layout group)."""
+        if self.layout is None or self.replicas is None:
+            return self.world
+        return Levels(self.world, self.layout, self.replicas)
+
+    def all(self) -> list[dist.ProcessGroup]:
+        return [g for g in (self.world, self.replicas, self.layout) if g is not None]
+
+
+def sync_groups(cfg: SyncConfig, partition: Sequence[Sequence[int]] | None) -> SyncGroups:
+    """Collective, on every rank in the same order: fresh :class:`SyncGroups` (``partition``:
+    the replica groups, the ranks that hold the same shards, one part each; a layout group is
+    the parts' members at one index)."""
     t = cfg.transport
     make = functools.partial(new_sync_group, t.backend, timedelta(seconds=cfg.failure.timeout_s),
                              t.socket_ifname)
     if not partition:
-        return [make()]
+        return SyncGroups(make())
     rows = [list(r) for r in zip(*partition, strict=True)]
-    return [make(), make(partition=partition)] + ([make(partition=rows)] if t.two_level else [])
+    return SyncGroups(make(), make(partition=partition),
+                      make(partition=rows) if t.two_level else None)
 
 
 def replica_sets(cfg: SyncConfig, dense: list[Tensor], shards: list[Tensor],
-                 shard_state: list[Tensor], groups: Sequence[dist.ProcessGroup],
-                 ) -> list[ReplicaSet]:
+                 shard_state: list[Tensor], groups: SyncGroups) -> list[ReplicaSet]:
     """What a runner of ``cfg`` on ``groups`` (:func:`sync_groups`) synchronizes: the
     ``dense`` replica over every rank and, with replica groups, this rank's
     embedding ``shards`` by the same strategy and their optimizer's ``shard_state`` by model
@@ -47,7 +67,7 @@ def replica_sets(cfg: SyncConfig, dense: list[Tensor], shards: list[Tensor],
     set of at least :data:`~.rows.WHOLE_BELOW_BYTES` goes by its changed rows."""
     strategy = make_strategy(cfg)
     sets = [ReplicaSet(dense, strategy)]
-    for group in groups[1:2]:
+    if (group := groups.replicas) is not None:
         if shards:
             ours = make_strategy(cfg)
             sets.append(ReplicaSet(shards, ours, "embedding", group, by_rows(ours, shards)))
@@ -60,11 +80,11 @@ def replica_sets(cfg: SyncConfig, dense: list[Tensor], shards: list[Tensor],
     return sets
 
 
-def new_runner(cfg: SyncConfig, replicas: list[ReplicaSet], groups: Sequence[dist.ProcessGroup],
+def new_runner(cfg: SyncConfig, replicas: list[ReplicaSet], groups: SyncGroups,
                on_failure: OnFailure | None) -> SyncRunner:
-    """A runner of ``cfg``'s mode over ``replicas`` on ``groups`` (:func:`sync_groups`; with a
-    layout group its dense round sums in :class:`~.protocol.Levels`), not started."""
-    group = Levels(groups[0], groups[2], groups[1]) if len(groups) == 3 else groups[0]
+    """A runner of ``cfg``'s mode over ``replicas`` on ``groups`` (:func:`sync_groups`), its
+    dense round over :attr:`SyncGroups.dense`, not started."""
+    group = groups.dense
     schedule = cfg.schedule
     if schedule.mode == "fixed_rate":
         return FixedRateSyncRunner(replicas, group, FixedRateOptions(

@@ -206,8 +206,7 @@ class Round:
             layout = (Round.layout(lane) if lane else
                       dataclasses.replace(Round.layout(replicas), sizes=()))
             wires.append(Wire(layout, g, chunk_bytes, clock))
-        flat = group.group if isinstance(group, Levels) else group
-        rows = [RowExchange(r.params, r.group or flat, chunk_bytes, clock)
+        rows = [RowExchange(r.params, r.group or wires[0].group, chunk_bytes, clock)
                 for r in replicas if r.rows]
         return cls(replicas, wires, telemetry, stream, rows)
 

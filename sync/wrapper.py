@@ -34,7 +34,7 @@ from shadowsync.sync.baselines import (
 from shadowsync.sync.config import SyncConfig
 from shadowsync.sync.errors import FailureSink, NonFiniteError, SyncError
 from shadowsync.sync.machine import Machine
-from shadowsync.sync.modes import new_runner, replica_sets, sync_groups
+from shadowsync.sync.modes import SyncGroups, new_runner, replica_sets, sync_groups
 from shadowsync.sync.protocol import average_, broadcast_
 from shadowsync.sync.runner import SyncRunner
 from shadowsync.sync.strategies import make_strategy
@@ -225,20 +225,21 @@ class ShadowSyncReplicas(LocalReplicas):
             self._partition = env.device_mesh.mesh.T.tolist()
             self._shards, self._shard_state = embedding_shards(dmp), embedding_optimizer_state(dmp)
         groups = self._new_groups()
-        if self._shards:  # every replica of a shard starts as the first group's
-            broadcast_(self._shards + self._shard_state, groups[1],
-                       src=dist.get_global_rank(groups[1], 0))
+        # every replica of a shard starts as the first group's
+        if self._shards and (replicas := groups.replicas) is not None:
+            broadcast_(self._shards + self._shard_state, replicas,
+                       src=dist.get_global_rank(replicas, 0))
         self.runner = self._new_runner(groups)
         self.runner.start()
         self._phases.move("wrap")
 
-    def _new_groups(self) -> list[dist.ProcessGroup]:
+    def _new_groups(self) -> SyncGroups:
         """Fresh sync groups (collective; :func:`~.modes.sync_groups`)."""
         groups = sync_groups(self.cfg, self._partition)
-        self._groups.extend(groups)
+        self._groups.extend(groups.all())
         return groups
 
-    def _new_runner(self, groups: list[dist.ProcessGroup]) -> SyncRunner:
+    def _new_runner(self, groups: SyncGroups) -> SyncRunner:
         """The configured runner on ``groups`` (:meth:`_new_groups`), not started."""
         sets = replica_sets(self.cfg, list(self.params.values()), self._shards,
                             self._shard_state, groups)
@@ -330,9 +331,9 @@ class ShadowSyncReplicas(LocalReplicas):
         """Collective: average the replicas over a fresh group, with a fresh runner (not
         started: strategy state such as BMUF momentum starts over)."""
         groups = self._new_groups()
-        average_(list(self.params.values()), groups[0])
-        if self._shards:
-            average_(self._shards + self._shard_state, groups[1])
+        average_(list(self.params.values()), groups.world)
+        if self._shards and groups.replicas is not None:
+            average_(self._shards + self._shard_state, groups.replicas)
         self.runner = self._new_runner(groups)
         self._steps_since_consensus = 0
         logger.info("rank %d: synchronization rejoined on a fresh group with averaged replicas",
