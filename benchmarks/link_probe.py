@@ -37,7 +37,7 @@ def main(argv: list[str]) -> int:
     dist.init_process_group("gloo")
     background = None
     if args.contend_mb is not None:
-        from shadowsync.sync.protocol import new_sync_group
+        from shadowsync.sync.groups import new_sync_group
 
         background = _Contender(new_sync_group(socket_ifname=args.contend_ifname),
                                 args.contend_mb)

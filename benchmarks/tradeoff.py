@@ -25,7 +25,7 @@ from shadowsync.benchmarks.rows import (
 )
 from shadowsync.benchmarks.scaling_model.overrides import arm_overrides, override_dict
 
-WIRE_TAGS = {"float32": "", "bfloat16": " bf16", "float16": " fp16"}
+WIRE_TAGS = {"float32": "", "bfloat16": " bf16", "float16": " fp16", "int8": " int8"}
 
 AA_ARM = "none A/A"  # a second none arm (--aa): what two identical arms read apart
 

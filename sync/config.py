@@ -222,9 +222,11 @@ class TransportConfig:
     tensors too, through host memory); ``nccl`` only in fixed-rate mode and on GPUs, since the
     shadow thread's NCCL collectives beside training's on one device have no safe order.
     ``wire_dtype`` sends each round's payload in bfloat16 or float16 (differences to a
-    rank-identical reference; half the bytes). ``chunk_mb`` splits each round's allreduce into
-    collectives of at most that size, so a round never queues more than one chunk ahead of the
-    embedding all-to-alls on a shared link. ``socket_ifname`` sends the synchronizer's gloo
+    rank-identical reference; half the bytes), or int8 (blocks of 256 values with a float32
+    scale and error feedback; 0.254 of float32's bytes; the control slots stay float32).
+    ``chunk_mb`` splits each round's allreduce into collectives of at most that size, so a
+    round never queues more than one chunk ahead of the embedding all-to-alls on a shared
+    link. ``socket_ifname`` sends the synchronizer's gloo
     traffic from that interface or address alias, which a network can put in a lower traffic
     class. ``thread_nice`` raises the shadow thread's nice value (Linux: per thread), so a
     round's CPU work yields to training on cores training keeps busy. ``two_level`` (replica
@@ -234,7 +236,7 @@ class TransportConfig:
     """
 
     backend: Literal["gloo", "nccl"] = "gloo"
-    wire_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    wire_dtype: Literal["float32", "bfloat16", "float16", "int8"] = "float32"
     chunk_mb: float | None = None
     socket_ifname: str | None = None
     thread_nice: int = 0

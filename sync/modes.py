@@ -12,7 +12,8 @@ import torch.distributed as dist
 from torch import Tensor
 
 from shadowsync.sync.config import SyncConfig
-from shadowsync.sync.protocol import Levels, new_sync_group
+from shadowsync.sync.groups import new_sync_group
+from shadowsync.sync.protocol import Levels
 from shadowsync.sync.round import ReplicaSet
 from shadowsync.sync.rows import by_rows
 from shadowsync.sync.runner import FixedRateOptions, FixedRateSyncRunner, OnFailure, SyncRunner

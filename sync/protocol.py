@@ -34,8 +34,9 @@ OPEN           ``reopen``    OPEN
 Only an OPEN wire may carry a round, or this rank's abort round: in every other state its peers
 know already, are gone, or cannot be reached.
 
-Also here: :class:`Levels` (replica groups' sum in two levels, fewer copies across hosts), the
-flat-buffer helpers (:func:`broadcast_`, :func:`average_`) and :func:`new_sync_group`.
+Also here: :class:`Levels` (replica groups' sum in two levels, fewer copies across hosts). An
+int8 layout's payloads travel as blocks with error feedback (:mod:`.quantized`); its control
+slots then go by a float32 allreduce of their own after the payload, never quantized.
 """
 
 from __future__ import annotations
@@ -43,9 +44,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-import os
 from collections.abc import Callable, Sequence
-from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -55,9 +55,10 @@ from torch.profiler import record_function
 from shadowsync.sync.clock import Clock
 from shadowsync.sync.errors import CollectiveFailed, PeerAborted
 from shadowsync.sync.machine import Machine
+from shadowsync.sync.quantized import BLOCK, Int8Sum, encoded_bytes
 
 __all__ = ["MAX_PAUSE_STEPS", "WIRE", "Agreement", "Control", "Layout", "Levels", "Wire",
-           "WireState", "average_", "broadcast_", "check_params", "new_sync_group", "views"]
+           "WireState", "check_params", "views"]
 
 # The control slots after the payload; the abort flags start at _FLAGS.
 _STOP, _PAUSE, _CHUNK, _FLAGS = range(4)
@@ -162,11 +163,17 @@ WIRE: dict[tuple[WireState, str], WireState] = {
 @dataclasses.dataclass(frozen=True)
 class Layout:
     """What a round's buffer holds ahead of its control slots: each replica set's payload
-    (``sizes`` elements each, in order), in ``dtype`` on ``device``."""
+    (``sizes`` elements each, in order), in ``dtype`` on ``device``; ``int8``: float32
+    payloads that travel as int8 blocks with error feedback (:mod:`.quantized`)."""
 
     sizes: tuple[int, ...]
     dtype: torch.dtype
     device: torch.device
+    int8: bool = False
+
+    def __post_init__(self) -> None:
+        if self.int8 and self.dtype != torch.float32:
+            raise ValueError(f"an int8 wire carries float32 payloads, not {self.dtype}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,13 +223,23 @@ class Wire:
         self.world = dist.get_world_size(self.group)
         row = 1 if self.levels is None else dist.get_world_size(self.levels.inside)
         self.numel = sum(layout.sizes)
-        slots = self.numel + _FLAGS + self.world
-        self.buffer = torch.zeros(-(-slots // row) * row, dtype=layout.dtype,
-                                  device=layout.device)
-        self._slots = slice(self.numel, slots)
+        # int8: the payloads in whole blocks of every rank's slice, the slots after them
+        unit = self.world * BLOCK if layout.int8 else row
+        padded = -(-self.numel // unit) * unit if layout.int8 else self.numel
+        slots = padded + _FLAGS + self.world
+        self.buffer = torch.zeros(slots if layout.int8 else -(-slots // row) * row,
+                                  dtype=layout.dtype, device=layout.device)
+        self._slots = slice(padded, slots)
+        self._summed = self.buffer[:padded] if layout.int8 else self.buffer
+        self.int8 = None if not layout.int8 else Int8Sum(
+            padded // row, self.group if self.levels is None else self.levels.across,
+            layout.device)
         self._chunk_bytes = chunk_bytes
-        self._chunk_numel = (self.buffer.numel() if chunk_bytes is None
-                             else max(1, chunk_bytes // self.buffer.element_size() // row) * row)
+        each = encoded_bytes(unit) / unit if layout.int8 else self.buffer.element_size()
+        self._chunk_numel = (self._summed.numel() if chunk_bytes is None
+                             else max(1, int(chunk_bytes / each) // unit) * unit)
+        self.nbytes = (encoded_bytes(padded) + 4 * (slots - padded) if layout.int8
+                       else self.buffer.numel() * self.buffer.element_size())
         self._clock = clock
         self._machine = Machine(WIRE, WireState.OPEN)
 
@@ -242,7 +259,8 @@ class Wire:
 
     def like(self, dtype: torch.dtype) -> Wire:
         """A wire of the same layout and group in ``dtype`` (the consensus: full precision)."""
-        return Wire(dataclasses.replace(self.layout, dtype=dtype), self.levels or self.group,
+        return Wire(dataclasses.replace(self.layout, dtype=dtype, int8=False),
+                    self.levels or self.group,
                     self._chunk_bytes, self._clock)
 
     def allreduce(self, payloads: Sequence[Tensor] | None, control: Control,
@@ -268,21 +286,19 @@ class Wire:
             slots[_FLAGS + self.rank] = float(control.abort)
             buf[self._slots].copy_(torch.tensor(slots, dtype=buf.dtype))
             began = self._clock.now()
-            paused, fastest = 0.0, math.inf
-            chunks = buf.split(self._chunk_numel)
+            paused, fastest, at = 0.0, math.inf, 0
+            chunks = self._summed.split(self._chunk_numel) if self._summed.numel() else ()
             self._machine.move("send")
             for i, chunk in enumerate(chunks):
                 sent = self._clock.now()
-                try:
-                    self._sum(chunk)
-                except BaseException as e:
-                    self._machine.move("raise")
-                    if isinstance(e, Exception):
-                        raise CollectiveFailed(f"{type(e).__name__}: {e}") from e
-                    raise
+                self._collective(self._sum, chunk, at)
+                at += chunk.numel()
                 fastest = min(fastest, self._clock.now() - sent)
                 if pause_between_chunks is not None and i + 1 < len(chunks):
                     paused += pause_between_chunks(fastest)
+            if self.int8 is not None:
+                self._collective(dist.all_reduce, buf[self._slots], dist.ReduceOp.SUM,
+                                 self.group)
             reduced = buf[self._slots].tolist()
             comm_s = self._clock.now() - began - paused
         aborted = [dist.get_global_rank(self.group, r)
@@ -294,107 +310,44 @@ class Wire:
                               "(see that rank's error)")
         return Agreement(stop=stop, pause_steps=math.ceil(reduced[_PAUSE] - 1e-3),
                          chunk_s=reduced[_CHUNK], comm_s=comm_s, paused_s=paused,
-                         fastest_chunk_s=fastest, nbytes=buf.numel() * buf.element_size())
+                         fastest_chunk_s=fastest, nbytes=self.nbytes)
 
-    def _sum(self, chunk: Tensor) -> None:
-        """SUM ``chunk`` over the group in place: one allreduce, or by :class:`Levels`."""
+    def _collective(self, run: Callable[..., None], *args: Any) -> None:
+        """``run(*args)``; a collective that raised leaves the wire BROKEN."""
+        try:
+            run(*args)
+        except BaseException as e:
+            self._machine.move("raise")
+            if isinstance(e, Exception):
+                raise CollectiveFailed(f"{type(e).__name__}: {e}") from e
+            raise
+
+    def _sum(self, chunk: Tensor, at: int) -> None:
+        """SUM ``chunk`` (the buffer's values ``at`` onwards) over the group in place: one
+        sum across, or by :class:`Levels` (inside, across by slices, inside)."""
         if self.levels is None:
-            dist.all_reduce(chunk, group=self.group)
+            self._across(chunk, at)
             return
-        inside, across = self.levels.inside, self.levels.across
-        slices = chunk.view(dist.get_world_size(inside), -1)
+        inside = self.levels.inside
+        row = dist.get_world_size(inside)
+        slices = chunk.view(row, -1)
         if self.levels.scatters(chunk):
             part = chunk.new_empty(slices.shape[1])
             dist.reduce_scatter_tensor(part, chunk, group=inside)
-            dist.all_reduce(part, group=across)
-            dist.all_gather_into_tensor(chunk, part, group=inside)
+            self._across(part, at // row)
+            dist.all_gather_single(chunk, part, group=inside)
             return
         mine = dist.get_rank(inside)
         dist.all_reduce(chunk, group=inside)
-        dist.all_reduce(slices[mine], group=across)
+        self._across(slices[mine], at // row)
         slices[:mine].zero_()
         slices[mine + 1:].zero_()
         dist.all_reduce(chunk, group=inside)
 
-
-def _require_dist() -> None:
-    if not dist.is_initialized():
-        raise RuntimeError("torch.distributed is not initialized: call init_process_group first")
-
-
-def new_sync_group(backend: str = "gloo", timeout: timedelta = timedelta(minutes=10),
-                   socket_ifname: str | None = None,
-                   partition: Sequence[Sequence[int]] | None = None) -> dist.ProcessGroup:
-    """Create the process group that carries synchronization collectives.
-
-    A group of its own keeps the runner's allreduces from interleaving with the training loop's
-    collectives (TorchRec's all-to-alls) on the default group. ``dist.new_group`` is itself
-    collective: call this on every rank, in the same order, before any thread starts. ``timeout``
-    bounds how long a rank waits in a collective for a peer that died or stopped participating.
-    ``partition`` (global ranks, every rank in one part) makes one group per part, on every
-    rank, and returns this rank's: the ranks that hold replicas of the same embedding shards.
-
-    Use ``gloo`` (it reduces CUDA tensors too, staging them through host memory) for a shadow
-    runner: NCCL documents that issuing operations from several threads to independent
-    communicators on the same device is not safe (NCCL user guide, "Thread Safety"), and a
-    shadow round is exactly that.
-
-    ``socket_ifname`` (gloo only) binds the group to that network interface instead of
-    ``GLOO_SOCKET_IFNAME``'s: synchronization traffic then leaves from an address of its own,
-    which a network can put in a lower traffic class than the embedding all-to-alls (or on a
-    second NIC). An address alias (``ip addr add ... label eth0:sync``) counts as an interface.
-    """
-    _require_dist()
-    if timeout <= timedelta(0):
-        raise ValueError(f"timeout must be positive, got {timeout}")
-    if socket_ifname is not None and backend != "gloo":
-        raise ValueError(f"socket_ifname applies to gloo groups, not {backend!r}")
-
-    def make() -> dist.ProcessGroup:
-        if partition is None:
-            return dist.new_group(backend=backend, timeout=timeout)
-        own, _ = dist.new_subgroups_by_enumeration([list(p) for p in partition],
-                                                   timeout=timeout, backend=backend)
-        if own is None:
-            raise ValueError(f"partition {partition} leaves out rank {dist.get_rank()}")
-        return own
-
-    if socket_ifname is None:
-        return make()
-    # new_group passes no device options to gloo (torch 2.13 ignores pg_options there); the
-    # group's constructor reads GLOO_SOCKET_IFNAME, so it is set for that call alone.
-    before = os.environ.get("GLOO_SOCKET_IFNAME")
-    os.environ["GLOO_SOCKET_IFNAME"] = socket_ifname
-    try:
-        return make()
-    finally:
-        if before is None:
-            del os.environ["GLOO_SOCKET_IFNAME"]
-        else:
-            os.environ["GLOO_SOCKET_IFNAME"] = before
-
-
-@torch.no_grad()
-def broadcast_(params: Sequence[Tensor], group: dist.ProcessGroup | None = None,
-               src: int = 0) -> None:
-    """Overwrite every rank's ``params`` with rank ``src``'s (a global rank), in one collective:
-    runners assume identical replicas at their first ``start`` (strategies' state is taken
-    from the local replica)."""
-    _overwrite(params, lambda flat: dist.broadcast(flat, src=src, group=group))
-
-
-@torch.no_grad()
-def average_(params: Sequence[Tensor], group: dist.ProcessGroup | None = None) -> None:
-    """Overwrite every rank's ``params`` with their mean over ``group``, in one collective:
-    replicas that trained apart (a degraded synchronizer) become one again."""
-    _overwrite(params, lambda flat: (dist.all_reduce(flat, group=group),
-                                     flat.div_(dist.get_world_size(group))))
-
-
-def _overwrite(params: Sequence[Tensor], collective: Callable[[Tensor], object]) -> None:
-    """Run ``collective`` in place on the parameters flattened into one buffer; copy back."""
-    _require_dist()
-    params = check_params(params)
-    flat = torch.cat([p.detach().reshape(-1) for p in params])
-    collective(flat)
-    torch._foreach_copy_(params, views(flat, params))
+    def _across(self, t: Tensor, at: int) -> None:
+        """SUM ``t`` in place across (the group, or its levels' column): an allreduce, or on
+        an int8 wire the int8 sum of its values ``at`` onwards."""
+        if self.int8 is not None:
+            self.int8(t, at)
+            return
+        dist.all_reduce(t, group=self.group if self.levels is None else self.levels.across)

@@ -94,7 +94,7 @@ class ReplicaSet:
         name: what errors call it (``the dense replica is not finite ...``).
         group: the ranks that hold replicas of these tensors (None: the runner's group, every
             rank); a group of its own is a sync group like the runner's, made on every rank
-            in the same order (:func:`~.protocol.new_sync_group`).
+            in the same order (:func:`~.groups.new_sync_group`).
         rows: average by the rows that changed (:mod:`.rows`; model averaging only), not
             as a payload of the group's wire.
     """
@@ -185,8 +185,10 @@ class Round:
         if len(dtypes) != 1:
             raise ValueError(f"the replica sets of one round travel in one wire dtype, got "
                              f"{sorted(map(str, dtypes))}")
-        first = replicas[0].snapshot
-        return Layout(tuple(r.snapshot.numel() for r in replicas), dtypes.pop(), first.device)
+        first, wire = replicas[0].snapshot, dtypes.pop()
+        int8 = wire == torch.int8  # float payloads, quantized as they travel
+        return Layout(tuple(r.snapshot.numel() for r in replicas), first.dtype if int8 else wire,
+                      first.device, int8)
 
     @classmethod
     def of(cls, replicas: Sequence[ReplicaSet], group: dist.ProcessGroup | Levels,

@@ -72,7 +72,7 @@ class SyncRunner(abc.ABC):
 
     Args:
         replicas: one replica set, or several that travel in the same rounds.
-        group: the synchronizer's process group (:func:`~.protocol.new_sync_group`), or
+        group: the synchronizer's process group (:func:`~.groups.new_sync_group`), or
             :class:`~.protocol.Levels` over it (the dense round's sum in two levels).
         chunk_bytes: splits each allreduce into collectives of at most that many bytes.
         clock: what rounds are timed on (default: the real clock).
@@ -132,9 +132,9 @@ class SyncRunner(abc.ABC):
         return self._telemetry.counters.syncs_applied
 
     def start(self) -> None:
-        """Begin synchronizing; replicas must be identical (see :func:`broadcast_`) the first
-        time: the first start (or ``load_state_dict``) takes the strategies' state from the
-        live replicas, later ones resume with it."""
+        """Begin synchronizing; replicas must be identical (see :func:`~.groups.broadcast_`)
+        the first time: the first start (or ``load_state_dict``) takes the strategies' state
+        from the live replicas, later ones resume with it."""
         self._move("start")
         self._round.init()
         self._round.reopen()

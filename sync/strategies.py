@@ -17,14 +17,15 @@ Every operation runs in the buffer's dtype and on its device, with Python scalar
 hyper-parameters, so nothing here forces a host synchronization on CUDA.
 
 Fewer bytes a round (``wire_dtype``): every strategy can send its payload in bfloat16 or float16
-instead of the parameters' dtype, halving what crosses the network. What is sent must be small
-and centred for that to lose little, so each payload is a *difference to a reference that is
-bit-identical on every rank*: EASGD's ``alpha (x - center)`` and BMUF's ``global - x`` already
-are, and model averaging then keeps a reference model ``ref`` (the last average) and sends
-``x - ref``. Every rank's state moves only by the reduced (quantized) buffer, so references stay
-identical across ranks, and each round pulls replicas to the new reference exactly, so the
-rounding error of one round does not accumulate into the next. The final consensus always runs
-in full precision.
+instead of the parameters' dtype, halving what crosses the network, or as int8 blocks, a quarter
+(the wire quantizes float32 payloads and feeds back what it drops: :mod:`.quantized`). What is
+sent must be small and centred for that to lose little, so each payload is a *difference to a
+reference that is bit-identical on every rank*: EASGD's ``alpha (x - center)`` and BMUF's
+``global - x`` already are, and model averaging then keeps a reference model ``ref`` (the last
+average) and sends ``x - ref``. Every rank's state moves only by the reduced (quantized) buffer,
+so references stay identical across ranks, and each round pulls replicas to the new reference
+exactly, so the rounding error of one round does not accumulate into the next. The final
+consensus always runs in full precision.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ __all__ = [
     "make_strategy",
 ]
 
-WIRE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+WIRE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int8)
 
 
 class SyncStrategy(abc.ABC):
@@ -115,8 +116,10 @@ class SyncStrategy(abc.ABC):
         return self.wire_dtype is not None and self.wire_dtype != self._dtype
 
     def _to_wire(self, t: Tensor) -> Tensor:
-        """``t`` as it travels (a rounded copy when compressed, else ``t`` itself)."""
-        return t.to(self.wire_dtype) if self.compressed else t
+        """``t`` as it goes into the round's buffer: a rounded copy in a narrower float dtype,
+        else ``t`` itself (an int8 wire quantizes float32 payloads as they travel)."""
+        wire = self.wire_dtype
+        return t.to(wire) if self.compressed and wire is not None and wire.is_floating_point else t
 
     def _from_wire(self, t: Tensor) -> Tensor:
         """A reduced buffer back in the parameters' dtype (a copy when compressed)."""
@@ -288,7 +291,8 @@ class ElasticAveraging(SyncStrategy):
         self._check(snapshot, "snapshot")
         self._check(reduced, "reduced")
         # Recomputed from the same operands as reduce_input, so bit-identical to what was sent:
-        # the replica gives up exactly what it contributed to the center.
+        # the replica gives up exactly what it contributed to the center (on an int8 wire, what
+        # the round's error feedback carries until the center has it).
         step = self._from_wire(self._elastic_difference(snapshot)).neg_()
         self.center.add_(self._from_wire(reduced))
         self.rounds += 1

@@ -33,9 +33,9 @@ from shadowsync.sync.baselines import (
 )
 from shadowsync.sync.config import SyncConfig
 from shadowsync.sync.errors import FailureSink, NonFiniteError, SyncError
+from shadowsync.sync.groups import average_, broadcast_
 from shadowsync.sync.machine import Machine
 from shadowsync.sync.modes import SyncGroups, new_runner, replica_sets, sync_groups
-from shadowsync.sync.protocol import average_, broadcast_
 from shadowsync.sync.runner import SyncRunner
 from shadowsync.sync.strategies import make_strategy
 

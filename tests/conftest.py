@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from shadowsync.sync.protocol import new_sync_group
+from shadowsync.sync.groups import new_sync_group
 
 
 @pytest.fixture

@@ -116,12 +116,14 @@ FIXED_RATE_1 = ["sync.strategy.name=ma", "sync.schedule.mode=fixed_rate",
 @pytest.mark.parametrize("overrides", [
     FIXED_RATE_1,
     [*FIXED_RATE_1, "sync.transport.two_level=false"],
+    [*FIXED_RATE_1, "sync.transport.wire_dtype=int8"],
     ["sync.strategy.name=easgd", "sync.strategy.alpha=0.2", "sync.schedule.mode=shadow"],
-], ids=["fixed rate k=1", "fixed rate k=1, one ring", "shadow easgd"])
+], ids=["fixed rate k=1", "fixed rate k=1, one ring", "fixed rate k=1, int8", "shadow easgd"])
 def test_two_groups_of_two_shard_inside_a_group_and_end_identical(overrides: list[str]) -> None:
     """Each group holds every table once (on its own ranks); training moves the shards; at the
     end (the synchronizer's consensus) every replica of every shard and of the dense part is
-    identical bitwise, and the model learned the planted signal."""
+    identical bitwise, and the model learned the planted signal; on an int8 wire too (the
+    shards and their optimizer state go whole, quantized, the dense part in two levels)."""
     results = run_ranks(functools.partial(_train, overrides=overrides), world_size=4, timeout_s=240)
     plans = [r["plan"] for r in results]
     for rank, plan in enumerate(plans):

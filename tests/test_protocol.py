@@ -31,7 +31,8 @@ from torch.distributed.algorithms.model_averaging.averagers import PeriodicModel
 from shadowsync.sync.clock import MonotonicClock
 from shadowsync.sync.config import SyncConfig
 from shadowsync.sync.errors import PeerAborted, SyncError
-from shadowsync.sync.protocol import Control, Layout, Levels, Wire, broadcast_, new_sync_group
+from shadowsync.sync.groups import broadcast_, new_sync_group
+from shadowsync.sync.protocol import Control, Layout, Levels, Wire
 from shadowsync.sync.round import ReplicaSet
 from shadowsync.sync.runner import FixedRateOptions, FixedRateSyncRunner
 from shadowsync.sync.shadow import ShadowOptions, ShadowSyncRunner
@@ -84,7 +85,7 @@ STRATEGIES: dict[str, Callable[..., SyncStrategy]] = {
     "easgd": functools.partial(ElasticAveraging, 0.4),
     "bmuf": BlockwiseModelUpdateFiltering,
 }
-WIRES = {"float32": None, "bfloat16": torch.bfloat16}
+WIRES = {"float32": None, "bfloat16": torch.bfloat16, "int8": torch.int8}
 MATRIX_STEPS = 40
 
 

@@ -20,9 +20,10 @@ from torch import Tensor, nn
 
 from shadowsync.sync.clock import ManualClock
 from shadowsync.sync.errors import SyncError
+from shadowsync.sync.groups import new_sync_group
 from shadowsync.sync.lifecycle import FIXED_RATE, SHADOW, State
 from shadowsync.sync.pacing import CommShare, Interval, Pacer, Pacing, RoundTimes, SlowdownPacer
-from shadowsync.sync.protocol import Control, Wire, new_sync_group
+from shadowsync.sync.protocol import Control, Wire
 from shadowsync.sync.round import ReplicaSet
 from shadowsync.sync.runner import FixedRateOptions, FixedRateSyncRunner
 from shadowsync.sync.shadow import ShadowOptions, ShadowSyncRunner

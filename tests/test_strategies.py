@@ -226,6 +226,23 @@ def test_wire_dtype_matches_float64_reference(case: str, wire: torch.dtype) -> N
         assert_matches(strategies[0].center, ref_state["c"], 1e-12)
 
 
+@pytest.mark.parametrize("case", sorted(WIRE_CASES))
+def test_an_int8_wire_takes_float32_differences_to_a_rank_identical_reference(case: str) -> None:
+    """On an int8 wire the strategy's math stays in float32: its payload is not rounded (the
+    wire quantizes it, :mod:`shadowsync.sync.quantized`) and is a difference to state every
+    rank holds, so it is 0 for a replica at that state."""
+    x = torch.randn(64, generator=torch.Generator().manual_seed(3))
+    strategy = WIRE_CASES[case](torch.int8)
+    strategy.init(x, 2)
+    assert strategy.compressed
+    sent = strategy.reduce_input(x.clone())
+    assert sent.dtype == torch.float32 and torch.equal(sent, torch.zeros(64))
+    moved = x + torch.linspace(-1e-6, 1.0, 64)  # steps no int8 block keeps, before the wire
+    unrounded = {"ma": moved - x, "easgd": (moved - x).mul_(0.3), "bmuf": x - moved,
+                 "bmuf_nesterov": x - moved}
+    assert torch.equal(strategy.reduce_input(moved), unrounded[case])
+
+
 def test_wire_rounding_does_not_accumulate() -> None:
     """Model averaging in bfloat16 stays within one round's rounding of exact averaging over
     many rounds: each round pulls replicas to the new reference exactly, so an error is never
@@ -315,7 +332,7 @@ def test_bmuf_block_momentum_defaults_to_one_minus_one_over_world() -> None:
     (lambda: ElasticAveraging(alpha=1.5), "alpha"),
     (lambda: BlockwiseModelUpdateFiltering(block_momentum=1.0), "block_momentum"),
     (lambda: BlockwiseModelUpdateFiltering(block_lr=0.0), "block_lr"),
-    (lambda: ModelAveraging(wire_dtype=torch.int8), "wire_dtype"),
+    (lambda: ModelAveraging(wire_dtype=torch.int16), "wire_dtype"),
 ])
 def test_rejects_bad_hyperparameters(make: Callable[[], SyncStrategy], match: str) -> None:
     with pytest.raises(ValueError, match=match):

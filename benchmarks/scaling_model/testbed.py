@@ -16,6 +16,7 @@ from shadowsync.benchmarks.scaling_model.model import (
     allreduce_s,
 )
 from shadowsync.benchmarks.scaling_model.overrides import override_dict
+from shadowsync.sync.quantized import BLOCK, encoded_bytes
 
 # ---------------------------------------------------------------------- testbed
 # The emulated cluster (benchmarks/cluster.py, benchmarks/frontier.py): the same kind of
@@ -180,7 +181,7 @@ class TestbedArm:
     max_slowdown: float | None = None  # shadow: None runs rounds back to back (unpaced)
     max_comm_share: float = 1.0  # shadow: the share of a round's time it may hold the link
     chunk_bytes: float | None = None  # a round's allreduce in collectives of this size
-    wire_factor: float = 1.0  # bytes on the wire per float32 byte (0.5 for bf16, fp16)
+    wire_factor: float = 1.0  # bytes on the wire per float32 byte (bf16, fp16: 0.5)
     thread_nice: int = 0  # shadow: sync.transport.thread_nice, the thread's nice above training's
     max_staleness: int | None = None  # shadow: the step that waits for a round (K)
     low_class: bool = False  # FR and shadow: sync traffic in the links' low class
@@ -190,9 +191,11 @@ class TestbedArm:
         return {"fixed_rate": "FR", "shadow": "shadow"}.get(self.kind, self.kind)
 
 
-_WIRE_FACTOR = {"float32": 1.0, "bfloat16": 0.5, "float16": 0.5}
+_INT8 = encoded_bytes(BLOCK) / (4 * BLOCK)  # int8 blocks with their scales: 0.254
 
-_WIRE_TAGS = {" bf16": 0.5, " fp16": 0.5}  # frontier.WIRE_TAGS
+_WIRE_FACTOR = {"float32": 1.0, "bfloat16": 0.5, "float16": 0.5, "int8": _INT8}
+
+_WIRE_TAGS = {" bf16": 0.5, " fp16": 0.5, " int8": _INT8}  # frontier.WIRE_TAGS
 
 _FR_NAME = re.compile(r"^FR k=(\d+)$")
 
