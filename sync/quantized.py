@@ -61,31 +61,43 @@ def encoded_bytes(numel: int) -> int:
     return numel + numel // BLOCK * _SCALE_BYTES
 
 
-def encode(v: Tensor) -> Tensor:
+def encode(v: Tensor, out: Tensor | None = None, dropped: Tensor | None = None,
+           work: Tensor | None = None) -> Tensor:
     """``v`` (rows, m), m a multiple of :data:`BLOCK`, encoded row by row: int8 (rows,
-    ``encoded_bytes(m)``), each row its m values then their scales' bytes."""
+    ``encoded_bytes(m)``), each row its m values then their scales' bytes, into ``out`` if
+    given. ``dropped`` (rows, m; may be ``v`` itself) receives ``v - decode(encoded)``;
+    ``work`` (rows, m float32) is scratch space."""
     rows, m = v.shape
     if m % BLOCK:
         raise ValueError(f"rows of {m} values do not make blocks of {BLOCK}")
-    blocks = v.reshape(rows, m // BLOCK, BLOCK)
-    top = blocks.abs().amax(dim=2)
+    blocks = v.view(rows, m // BLOCK, BLOCK)
+    q = (torch.empty_like(blocks) if work is None else work.view(blocks.shape))
+    top = torch.abs(blocks, out=q).amax(dim=2, keepdim=True)
     scale = top / _LEVELS
     steps = torch.where(top > 0, _LEVELS / top, torch.zeros_like(top))  # 1 / scale, 0 for 0
-    # NaN (a non-finite block makes it) would cast to an arbitrary int8: 0 instead, and the
-    # block's non-finite scale makes the decoded block non-finite
-    q = (blocks * steps.unsqueeze(2)).round_().nan_to_num_(0.0).clamp_(-_LEVELS, _LEVELS)
-    out = torch.empty(rows, encoded_bytes(m), dtype=torch.int8, device=v.device)
-    out[:, :m] = q.view(rows, m)
-    out[:, m:].view(torch.float32).copy_(scale)
+    # |v| * steps <= 127 (+ rounding), so no clamp; NaN (a non-finite block makes it) would
+    # cast to an arbitrary int8: 0 instead, and the block's non-finite scale decodes it
+    # non-finite
+    torch.mul(blocks, steps, out=q).round_().nan_to_num_(0.0)
+    if out is None:
+        out = torch.empty(rows, encoded_bytes(m), dtype=torch.int8, device=v.device)
+    out[:, :m].view(blocks.shape).copy_(q)
+    out[:, m:].view(torch.float32).copy_(scale.view(rows, -1))
+    if dropped is not None:
+        torch.addcmul(blocks, q, scale, value=-1, out=dropped.view(blocks.shape))
     return out
 
 
-def decode(encoded: Tensor) -> Tensor:
-    """What :func:`encode` made, back in float32 (rows, m)."""
+def decode(encoded: Tensor, out: Tensor | None = None) -> Tensor:
+    """What :func:`encode` made, back in float32 (rows, m), into ``out`` if given."""
     rows, n = encoded.shape
     m = n * BLOCK // (BLOCK + _SCALE_BYTES)
-    scale = encoded[:, m:].view(torch.float32)
-    return (encoded[:, :m].view(rows, -1, BLOCK).float() * scale.unsqueeze(2)).view(rows, m)
+    q = encoded[:, :m].view(rows, -1, BLOCK)
+    scale = encoded[:, m:].view(torch.float32).unsqueeze(2)
+    if out is None:
+        out = torch.empty(rows, m, device=encoded.device)
+    out.view(q.shape).copy_(q).mul_(scale)  # no float temporary of the int8 values
+    return out
 
 
 class Int8Sum:
@@ -108,30 +120,28 @@ class Int8Sum:
         self.owned = torch.zeros(numel // self.world, device=device)
         # gloo's all-to-all and all-gather take CPU tensors; NCCL's, the device's
         self._stage = torch.device("cpu") if dist.get_backend(group) == "gloo" else device
+        self._work = torch.empty(0, device=device)  # scratch of the largest piece yet
 
     def __call__(self, piece: Tensor, at: int) -> None:
         """SUM ``piece`` (values ``at`` onwards, a multiple of ``BLOCK * W`` of them) over the
         group, in place; every rank ends with the same bits."""
-        n = piece.numel()
-        m = n // self.world
-        if n % (BLOCK * self.world) or at % (BLOCK * self.world):
-            raise ValueError(f"a piece of {n} values at {at} does not cut into {self.world} "
+        n, world = piece.numel(), self.world
+        m = n // world
+        if n % (BLOCK * world) or at % (BLOCK * world):
+            raise ValueError(f"a piece of {n} values at {at} does not cut into {world} "
                              f"slices of {BLOCK}-value blocks")
-        residual = self.residual[at:at + n].view(self.world, m)
-        sent = self._feed_back(piece.view(self.world, m), residual).to(self._stage)
+        if self._work.numel() < n:
+            self._work = piece.new_empty(n)
+        work = self._work[:n].view(world, m)
+        residual = self.residual[at:at + n].view(world, m)
+        residual.add_(piece.view(world, m))  # what to send: the piece and what was dropped
+        sent = encode(residual, dropped=residual, work=work).to(self._stage)
         received = torch.empty_like(sent)
         dist.all_to_all_single(received, sent, group=self.group)
-        mine = self._feed_back(decode(received.to(piece.device)).sum(0, keepdim=True),
-                               self.owned[at // self.world:(at + n) // self.world].view(1, m))
-        mine = mine.to(self._stage)
+        owned = self.owned[at // world:(at + n) // world].view(1, m)
+        for row in received.to(piece.device):  # the slice's sum, and what was dropped of it
+            owned.add_(decode(row.view(1, -1), out=work[:1]))
+        mine = encode(owned, dropped=owned, work=work[:1]).to(self._stage)
         gathered = sent.new_empty(sent.numel())
         dist.all_gather_single(gathered, mine.view(-1), group=self.group)
-        piece.copy_(decode(gathered.view(self.world, -1).to(piece.device)).view(-1))
-
-    @staticmethod
-    def _feed_back(x: Tensor, residual: Tensor) -> Tensor:
-        """``x + residual`` encoded; ``residual`` becomes what the encoding dropped."""
-        v = x + residual
-        encoded = encode(v)
-        residual.copy_(v.sub_(decode(encoded)))
-        return encoded
+        decode(gathered.view(world, -1).to(piece.device), out=piece.view(world, m))
