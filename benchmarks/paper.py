@@ -302,7 +302,8 @@ def quality_table(summary: list[dict[str, Any]], rows: list[dict[str, Any]]) -> 
         ne = seed_values(rows, a["arm"], "eval_ne")
         delta = f"{statistics.fmean(ne) - statistics.fmean(ddp):+.4f}" if ddp and ne else "-"
         cells.append([
-            a["arm"], f"{a['ratio_to_none']:.3f} [{a['ratio_min']:.3f}, {a['ratio_max']:.3f}]",
+            a["arm"], "-" if math.isnan(a["ratio_to_none"]) else  # a job without none
+            f"{a['ratio_to_none']:.3f} [{a['ratio_min']:.3f}, {a['ratio_max']:.3f}]",
             or_dash(a["sync_gap_mean"], ".1f"), or_dash(a["sync_gap_max"], ".0f"),
             or_dash(a["syncs"], ".0f"), spread(ne), delta,
             spread(seed_values(rows, a["arm"], "eval_auc")),
