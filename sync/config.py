@@ -226,13 +226,13 @@ class TransportConfig:
     scale and error feedback; 0.254 of float32's bytes; the control slots stay float32).
     ``chunk_mb`` splits each round's allreduce into collectives of at most that size, so a
     round never queues more than one chunk ahead of the embedding all-to-alls on a shared
-    link. ``socket_ifname`` sends the synchronizer's gloo
-    traffic from that interface or address alias, which a network can put in a lower traffic
-    class. ``thread_nice`` raises the shadow thread's nice value (Linux: per thread), so a
-    round's CPU work yields to training on cores training keeps busy. ``two_level`` (replica
-    groups only) sums a dense round inside each group first, so a host's ranks send one
-    dense copy across between them (2 hosts); off, one allreduce over every rank: fewer
-    collectives a round, 1.5 copies across for 2 hosts of 2 ranks.
+    link. ``socket_ifname`` sends the synchronizer's gloo traffic from that interface or
+    address alias, which a network can put in a lower traffic class. ``thread_nice`` raises
+    the shadow thread's nice value (Linux: per thread), so a round's CPU work yields to
+    training on cores training keeps busy. ``two_level`` (replica groups only) sums a dense
+    round inside each group first, so a host's ranks send one dense copy across between them
+    (2 hosts); off, one allreduce over every rank: fewer collectives a round, 1.5 copies
+    across for 2 hosts of 2 ranks.
     """
 
     backend: Literal["gloo", "nccl"] = "gloo"

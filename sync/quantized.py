@@ -61,12 +61,11 @@ def encoded_bytes(numel: int) -> int:
     return numel + numel // BLOCK * _SCALE_BYTES
 
 
-def encode(v: Tensor, out: Tensor | None = None, dropped: Tensor | None = None,
-           work: Tensor | None = None) -> Tensor:
+def encode(v: Tensor, dropped: Tensor | None = None, work: Tensor | None = None) -> Tensor:
     """``v`` (rows, m), m a multiple of :data:`BLOCK`, encoded row by row: int8 (rows,
-    ``encoded_bytes(m)``), each row its m values then their scales' bytes, into ``out`` if
-    given. ``dropped`` (rows, m; may be ``v`` itself) receives ``v - decode(encoded)``;
-    ``work`` (rows, m float32) is scratch space."""
+    ``encoded_bytes(m)``), each row its m values then their scales' bytes. ``dropped``
+    (rows, m; may be ``v`` itself) receives ``v - decode(encoded)``; ``work`` (rows, m
+    float32) is scratch space."""
     rows, m = v.shape
     if m % BLOCK:
         raise ValueError(f"rows of {m} values do not make blocks of {BLOCK}")
@@ -79,8 +78,7 @@ def encode(v: Tensor, out: Tensor | None = None, dropped: Tensor | None = None,
     # cast to an arbitrary int8: 0 instead, and the block's non-finite scale decodes it
     # non-finite
     torch.mul(blocks, steps, out=q).round_().nan_to_num_(0.0)
-    if out is None:
-        out = torch.empty(rows, encoded_bytes(m), dtype=torch.int8, device=v.device)
+    out = torch.empty(rows, encoded_bytes(m), dtype=torch.int8, device=v.device)
     out[:, :m].view(blocks.shape).copy_(q)
     out[:, m:].view(torch.float32).copy_(scale.view(rows, -1))
     if dropped is not None:
